@@ -1,0 +1,126 @@
+//! Children: list, read, and return a held child to pending.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{AppJson, AppQuery, parent_id_param, sequence_param};
+use crate::AppState;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::ledger::{Child, ChildState};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_children))
+        .routes(routes!(get_child))
+        .routes(routes!(retry_child))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ChildrenQuery {
+    /// Only children in this state.
+    state: Option<ChildState>,
+    /// Children after this sequence (`next_after` of the previous page).
+    after: Option<i64>,
+    /// Page size, 1-1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ChildList {
+    /// In sequence order.
+    pub children: Vec<Child>,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// List a parent's children in sequence order.
+#[utoipa::path(
+    get,
+    path = "/v1/parents/{parent_id}/children",
+    tag = "children",
+    params(("parent_id" = String, Path, description = "Parent id"), ChildrenQuery),
+    responses(
+        (status = 200, body = ChildList),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid id or query", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn list_children(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppQuery(query): AppQuery<ChildrenQuery>,
+) -> ApiResult<Json<ChildList>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("limit", format!("must be between 1 and 1000, got {limit}")));
+    }
+    let page = state.store.children(&parent_id, query.state, query.after, limit).await?;
+    Ok(Json(ChildList { children: page.children, next_after: page.next_after }))
+}
+
+/// Read one child: its state, lease, outcome and conflict log.
+#[utoipa::path(
+    get,
+    path = "/v1/parents/{parent_id}/children/{sequence}",
+    tag = "children",
+    params(
+        ("parent_id" = String, Path, description = "Parent id"),
+        ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
+    ),
+    responses(
+        (status = 200, body = Child),
+        (status = 404, description = "Unknown child", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid id or sequence", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_child(
+    State(state): State<AppState>,
+    Path((parent_id, sequence)): Path<(String, String)>,
+) -> ApiResult<Json<Child>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    let sequence = sequence_param(&sequence)?;
+    Ok(Json(state.store.child(&parent_id, sequence).await?))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryChild {}
+
+/// Return a `held` child to `pending`: its outcome was found not to have happened.
+///
+/// A child that is already pending is returned as is. 409 for a terminal or
+/// in-flight child: terminal is one-way.
+#[utoipa::path(
+    post,
+    path = "/v1/parents/{parent_id}/children/{sequence}/retry",
+    tag = "children",
+    params(
+        ("parent_id" = String, Path, description = "Parent id"),
+        ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
+    ),
+    request_body(content = RetryChild, description = "`{}` (the body may be empty)"),
+    responses(
+        (status = 200, description = "The child, now pending", body = Child),
+        (status = 404, description = "Unknown child", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The child is terminal or in flight", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn retry_child(
+    State(state): State<AppState>,
+    Path((parent_id, sequence)): Path<(String, String)>,
+    _body: AppJson<RetryChild>,
+) -> ApiResult<Json<Child>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    let sequence = sequence_param(&sequence)?;
+    let child = state.store.retry(&parent_id, sequence).await?;
+    state.signal_work();
+    Ok(Json(child))
+}

@@ -1,0 +1,241 @@
+//! Claims: leased chunks of pending children, and the lease operations fenced
+//! by `claim_id`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::extract::{AppJson, claim_id_param, in_range, max_chars, parent_id_param, queue_param};
+use crate::AppState;
+use crate::error::{ApiResult, Problem};
+use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId};
+use crate::store::ChildRef;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(claim_from_parent))
+        .routes(routes!(claim_from_queue))
+        .routes(routes!(extend_claim))
+        .routes(routes!(release_claim))
+}
+
+/// The longest long-poll a claim may ask for.
+const MAX_WAIT_SECONDS: i64 = 20;
+/// Without a wake-up from this process (another replica may have added work),
+/// a waiting claim looks again this often.
+const WAIT_RECHECK: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimChildren {
+    /// How many children at most, 1-1000 (default 100).
+    #[schema(minimum = 1, maximum = 1000, example = 100)]
+    limit: Option<i64>,
+    /// Lease length, 1-86400 seconds (default 300). Extend the lease before it
+    /// runs out if the work takes longer: an expired lease hands the child out again.
+    #[schema(minimum = 1, maximum = 86400, example = 300)]
+    lease_seconds: Option<i64>,
+    /// A label for the worker, shown on the child as `claimed_by`.
+    #[schema(max_length = 200, example = "worker-7")]
+    worker: Option<String>,
+    /// When nothing is claimable, wait up to this long (0-20 s, default 0) and
+    /// return as soon as something is.
+    #[schema(minimum = 0, maximum = 20)]
+    wait_seconds: Option<i64>,
+}
+
+async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
+    let limits = &state.limits;
+    let limit = in_range("limit", body.limit.unwrap_or(100), 1, limits.max_claim_limit)?;
+    let lease_seconds =
+        in_range("lease_seconds", body.lease_seconds.unwrap_or(limits.default_lease_seconds), 1, limits.max_lease_seconds)?;
+    let wait_seconds = in_range("wait_seconds", body.wait_seconds.unwrap_or(0), 0, MAX_WAIT_SECONDS)?;
+    if let Some(worker) = &body.worker {
+        max_chars("worker", worker, 200)?;
+    }
+    let request = ClaimRequest { scope, claim_id: Uuid::new_v4(), limit, lease_seconds, worker: body.worker };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds as u64);
+    loop {
+        // Subscribe before looking, so work added in between still wakes us.
+        let woken = state.work_signal.notified();
+        let claim = state.store.claim(&request).await?;
+        let now = tokio::time::Instant::now();
+        if !claim.children.is_empty() || now >= deadline {
+            return Ok(Json(claim));
+        }
+        let _ = tokio::time::timeout((deadline - now).min(WAIT_RECHECK), woken).await;
+    }
+}
+
+/// Claim a leased chunk of one parent's children.
+///
+/// Lowest sequence first; never terminal, held or under a live lease; only
+/// from decomposed parents. Concurrent claimers never receive the same live
+/// child. When `previous_attempt` is `expired`, the earlier attempt may have
+/// had its effect: check the remote side with `idempotency_key` before
+/// repeating it.
+#[utoipa::path(
+    post,
+    path = "/v1/parents/{parent_id}/claims",
+    tag = "claims",
+    params(("parent_id" = String, Path, description = "Parent id")),
+    request_body(content = ClaimChildren, description = "All fields optional; the body may be empty"),
+    responses(
+        (status = 200, description = "The claimed children (an empty list when nothing is claimable)", body = Claim),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn claim_from_parent(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppJson(body): AppJson<ClaimChildren>,
+) -> ApiResult<Json<Claim>> {
+    let scope = ClaimScope::Parent(parent_id_param(&parent_id)?);
+    claim(state, scope, body).await
+}
+
+/// Claim a leased chunk from any active parent of a queue.
+///
+/// Parents are drawn oldest first, each lowest sequence first. See the
+/// per-parent claim for the lease rules.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/claims",
+    tag = "claims",
+    params(("queue" = String, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
+    request_body(content = ClaimChildren, description = "All fields optional; the body may be empty"),
+    responses(
+        (status = 200, description = "The claimed children (an empty list when nothing is claimable)", body = Claim),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn claim_from_queue(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    AppJson(body): AppJson<ClaimChildren>,
+) -> ApiResult<Json<Claim>> {
+    let scope = ClaimScope::Queue(queue_param(&queue)?);
+    claim(state, scope, body).await
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendClaim {
+    /// New lease length from now, 1-86400 seconds (default 300).
+    #[schema(minimum = 1, maximum = 86400, example = 300)]
+    lease_seconds: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Extended {
+    /// Children whose lease was extended. 0 means this claim holds nothing any
+    /// more (leases expired and were handed out again, or all are terminal):
+    /// stop working on them.
+    pub extended: u64,
+    /// The new expiry; `null` when nothing was extended.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+}
+
+/// Extend the lease on every non-terminal child this claim still holds.
+///
+/// Call it well before `lease_expires_at` while work is still going on (e.g.
+/// at a third of the lease). Children another claim has since taken, or that
+/// are terminal, are not touched.
+#[utoipa::path(
+    post,
+    path = "/v1/claims/{claim_id}/extend",
+    tag = "claims",
+    params(("claim_id" = Uuid, Path, description = "The claim's id")),
+    request_body(content = ExtendClaim, description = "All fields optional; the body may be empty"),
+    responses(
+        (status = 200, body = Extended),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn extend_claim(
+    State(state): State<AppState>,
+    Path(claim_id): Path<String>,
+    AppJson(body): AppJson<ExtendClaim>,
+) -> ApiResult<Json<Extended>> {
+    let claim_id = claim_id_param(&claim_id)?;
+    let limits = &state.limits;
+    let lease_seconds =
+        in_range("lease_seconds", body.lease_seconds.unwrap_or(limits.default_lease_seconds), 1, limits.max_lease_seconds)?;
+    let (extended, lease_expires_at) = state.store.extend(claim_id, lease_seconds).await?;
+    Ok(Json(Extended { extended, lease_expires_at }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseChild {
+    #[schema(value_type = String)]
+    parent_id: ParentId,
+    #[schema(minimum = 0)]
+    sequence: i64,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseClaim {
+    /// The children to give back; omit to release everything this claim holds.
+    children: Option<Vec<ReleaseChild>>,
+    /// Keep the released children unclaimable this long (0-86400 s, default 0).
+    #[schema(minimum = 0, maximum = 86400)]
+    delay_seconds: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Released {
+    /// Children returned to `pending`.
+    pub released: u64,
+}
+
+/// Give children back: they return to `pending`, and the next claimer sees
+/// `previous_attempt: "released"`.
+///
+/// Only children this claim still holds are released.
+#[utoipa::path(
+    post,
+    path = "/v1/claims/{claim_id}/release",
+    tag = "claims",
+    params(("claim_id" = Uuid, Path, description = "The claim's id")),
+    request_body(content = ReleaseClaim, description = "All fields optional; the body may be empty"),
+    responses(
+        (status = 200, body = Released),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn release_claim(
+    State(state): State<AppState>,
+    Path(claim_id): Path<String>,
+    AppJson(body): AppJson<ReleaseClaim>,
+) -> ApiResult<Json<Released>> {
+    let claim_id = claim_id_param(&claim_id)?;
+    let delay_seconds = in_range("delay_seconds", body.delay_seconds.unwrap_or(0), 0, state.limits.max_lease_seconds)?;
+    let children = match body.children {
+        None => None,
+        Some(children) => {
+            in_range("children", children.len(), 1, state.limits.max_claim_limit as usize)
+                .map_err(|_| crate::error::ApiError::invalid("children", "must name 1-1000 children, or be omitted"))?;
+            let mut refs = Vec::with_capacity(children.len());
+            for (i, c) in children.into_iter().enumerate() {
+                in_range(&format!("children[{i}].sequence"), c.sequence, 0, i64::MAX)?;
+                refs.push(ChildRef { parent_id: c.parent_id, sequence: c.sequence });
+            }
+            Some(refs)
+        }
+    };
+    let released = state.store.release(claim_id, children.as_deref(), delay_seconds).await?;
+    if released > 0 {
+        state.signal_work();
+    }
+    Ok(Json(Released { released }))
+}

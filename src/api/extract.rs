@@ -1,0 +1,190 @@
+//! Extractors that answer bad input in our problem+json format, naming the
+//! field at fault, instead of axum's plain-text rejections.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::ledger::{ParentId, QueueName};
+
+/// A JSON body. An empty body reads as `{}`, so endpoints whose fields are all
+/// optional can be called without one.
+pub struct AppJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for AppJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let content_type = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::BodyTooLarge { limit: 0 }
+            } else {
+                ApiError::MalformedJson { detail: format!("could not read the request body: {rejection}") }
+            }
+        })?;
+        let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            match content_type.as_deref() {
+                Some(ct) if is_json(ct) => &bytes,
+                Some(ct) => {
+                    return Err(ApiError::UnsupportedMediaType(format!(
+                        "expected content-type application/json, got {ct:?}"
+                    )));
+                }
+                None => {
+                    return Err(ApiError::UnsupportedMediaType(
+                        "expected content-type application/json, got none".to_owned(),
+                    ));
+                }
+            }
+        };
+        parse_json(body).map(AppJson)
+    }
+}
+
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Deserializes JSON, reporting the path of the field at fault.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let field = err.path().to_string();
+        let inner = err.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                ApiError::MalformedJson { detail: format!("the body is not valid JSON: {inner}") }
+            }
+            _ => ApiError::invalid(if field == "." { "body".to_owned() } else { field }, inner.to_string()),
+        }
+    })?;
+    de.end().map_err(|err| ApiError::MalformedJson { detail: format!("the body is not valid JSON: {err}") })?;
+    Ok(value)
+}
+
+/// A query string, rejected with a 400 naming the parameter at fault.
+pub struct AppQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for AppQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        serde_path_to_error::deserialize(de).map(AppQuery).map_err(|err| {
+            let field = err.path().to_string();
+            let detail = err.into_inner().to_string();
+            // A missing or unknown parameter is named in the message itself.
+            let field = if field == "." { parameter_in(&detail).unwrap_or("query").to_owned() } else { field };
+            ApiError::bad_request(field, detail)
+        })
+    }
+}
+
+fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(query.as_bytes())
+}
+
+/// The first backquoted name in a serde message ("unknown field `x`").
+fn parameter_in(detail: &str) -> Option<&str> {
+    let start = detail.find('`')? + 1;
+    let len = detail[start..].find('`')?;
+    Some(&detail[start..start + len])
+}
+
+pub fn parent_id_param(raw: &str) -> Result<ParentId, ApiError> {
+    ParentId::parse(raw).map_err(|e| ApiError::bad_request("parent_id", e.to_string()))
+}
+
+pub fn queue_param(raw: &str) -> Result<QueueName, ApiError> {
+    QueueName::parse(raw).map_err(|e| ApiError::bad_request("queue", e.to_string()))
+}
+
+pub fn sequence_param(raw: &str) -> Result<i64, ApiError> {
+    match raw.parse::<i64>() {
+        Ok(sequence) if sequence >= 0 => Ok(sequence),
+        _ => Err(ApiError::bad_request("sequence", format!("must be a non-negative integer, got {raw:?}"))),
+    }
+}
+
+pub fn claim_id_param(raw: &str) -> Result<uuid::Uuid, ApiError> {
+    uuid::Uuid::parse_str(raw).map_err(|e| ApiError::bad_request("claim_id", format!("must be a uuid: {e}")))
+}
+
+/// Checks a number against an inclusive range, naming the field when it is out.
+pub fn in_range<T>(field: &str, value: T, min: T, max: T) -> Result<T, ApiError>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    if value < min || value > max {
+        return Err(ApiError::invalid(field, format!("must be between {min} and {max}, got {value}")));
+    }
+    Ok(value)
+}
+
+/// Checks a string's length in characters.
+pub fn max_chars(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    let len = value.chars().count();
+    if len > max {
+        return Err(ApiError::invalid(field, format!("must be at most {max} characters, got {len}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Body {
+        children: Vec<Item>,
+    }
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Item {
+        sequence: i64,
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let err = parse_json::<Body>(br#"{"children": [{"sequence": 1}, {"sequence": "x"}]}"#).unwrap_err();
+        match err {
+            ApiError::InvalidField { field, .. } => assert_eq!(field, "children[1].sequence"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(parse_json::<Body>(b"{\"children\": ["), Err(ApiError::MalformedJson { .. })));
+        assert!(matches!(parse_json::<Body>(br#"{"children": []} {}"#), Err(ApiError::MalformedJson { .. })));
+    }
+
+    #[test]
+    fn path_parameters_are_validated() {
+        assert!(sequence_param("12").is_ok());
+        assert!(sequence_param("-1").is_err());
+        assert!(sequence_param("x").is_err());
+        assert!(claim_id_param("not-a-uuid").is_err());
+        assert!(parent_id_param("bad id").is_err());
+        assert!(queue_param("Bad").is_err());
+    }
+
+    #[test]
+    fn parameter_names_are_found_in_messages() {
+        assert_eq!(parameter_in("unknown field `limt`, expected one of `limit`"), Some("limt"));
+        assert_eq!(parameter_in("no name here"), None);
+    }
+}

@@ -1,0 +1,196 @@
+//! Terminal outcomes, single and batched: first writer wins, one-way.
+
+use std::collections::HashSet;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::extract::{AppJson, max_chars, parent_id_param, sequence_param};
+use super::parents::MAX_REASON_CHARS;
+use crate::AppState;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(record_outcome)).routes(routes!(record_outcomes))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordOutcome {
+    outcome: Outcome,
+    /// Expected for `failed` and `skipped`; at most 1000 characters.
+    #[schema(max_length = 1000)]
+    reason: Option<String>,
+    /// Any JSON the worker wants kept with the outcome (e.g. a remote id).
+    result: Option<Value>,
+    /// The claim under which the work was done.
+    claim_id: Option<Uuid>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutcomeRecorded {
+    /// `true`: this write made the child terminal (and moved the parent's
+    /// counters). `false`: the same outcome was already recorded, e.g. by a
+    /// retried request; nothing changed and the worker can move on.
+    pub applied: bool,
+    pub child: Child,
+}
+
+fn outcome_write(
+    field: &str,
+    parent_id: ParentId,
+    sequence: i64,
+    outcome: Outcome,
+    reason: Option<String>,
+    result: Option<Value>,
+    claim_id: Option<Uuid>,
+) -> ApiResult<OutcomeWrite> {
+    if let Some(reason) = &reason {
+        max_chars(&format!("{field}reason"), reason, MAX_REASON_CHARS)?;
+    }
+    Ok(OutcomeWrite { parent_id, sequence, outcome, reason, result, claim_id })
+}
+
+/// Record a child's terminal outcome (first writer wins).
+///
+/// The parent's counters, and `completed_at` when this was the last child,
+/// change in the same transaction. A later, different outcome is answered 409
+/// with the current child and kept in its `conflicts` log.
+#[utoipa::path(
+    post,
+    path = "/v1/parents/{parent_id}/children/{sequence}/outcome",
+    tag = "outcomes",
+    params(
+        ("parent_id" = String, Path, description = "Parent id"),
+        ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
+    ),
+    request_body = RecordOutcome,
+    responses(
+        (status = 200, description = "Applied, or the same outcome was already recorded", body = OutcomeRecorded),
+        (status = 404, description = "Unknown child", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A different outcome already won (the body holds `child`), or the parent is still decomposing", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input; nothing was written", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn record_outcome(
+    State(state): State<AppState>,
+    Path((parent_id, sequence)): Path<(String, String)>,
+    AppJson(body): AppJson<RecordOutcome>,
+) -> ApiResult<Json<OutcomeRecorded>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    let sequence = sequence_param(&sequence)?;
+    let write = outcome_write("", parent_id.clone(), sequence, body.outcome, body.reason, body.result, body.claim_id)?;
+    let status = state.store.record_outcomes(std::slice::from_ref(&write)).await?[0];
+    let applied = match status {
+        OutcomeStatus::Applied => true,
+        OutcomeStatus::Duplicate => false,
+        OutcomeStatus::NotFound => {
+            return Err(ApiError::NotFound(format!("no child {sequence} in parent {parent_id}")));
+        }
+        OutcomeStatus::NotDecomposed => return Err(ApiError::ParentDecomposing(parent_id.to_string())),
+        OutcomeStatus::Conflict => {
+            let child = state.store.child(&parent_id, sequence).await?;
+            return Err(ApiError::OutcomeConflict { child: Box::new(child) });
+        }
+    };
+    let child = state.store.child(&parent_id, sequence).await?;
+    Ok(Json(OutcomeRecorded { applied, child }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchOutcome {
+    #[schema(value_type = String)]
+    parent_id: ParentId,
+    #[schema(minimum = 0)]
+    sequence: i64,
+    outcome: Outcome,
+    #[schema(max_length = 1000)]
+    reason: Option<String>,
+    result: Option<Value>,
+    claim_id: Option<Uuid>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordOutcomes {
+    /// 1-1000 outcomes, each child at most once.
+    outcomes: Vec<BatchOutcome>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchResult {
+    pub parent_id: ParentId,
+    pub sequence: i64,
+    pub status: OutcomeStatus,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchResults {
+    /// In request order.
+    pub results: Vec<BatchResult>,
+}
+
+/// Record many outcomes in one transaction.
+///
+/// Each item gets `applied`, `duplicate` (same outcome already recorded),
+/// `conflict` (a different outcome won; kept in the child's `conflicts`),
+/// `not_found` or `not_decomposed`, in request order.
+#[utoipa::path(
+    post,
+    path = "/v1/outcomes",
+    tag = "outcomes",
+    request_body = RecordOutcomes,
+    responses(
+        (status = 200, body = BatchResults),
+        (status = "4XX", description = "Invalid input; nothing was written", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn record_outcomes(
+    State(state): State<AppState>,
+    AppJson(body): AppJson<RecordOutcomes>,
+) -> ApiResult<Json<BatchResults>> {
+    let max = state.limits.max_outcomes_per_request;
+    if body.outcomes.is_empty() || body.outcomes.len() > max {
+        return Err(ApiError::invalid(
+            "outcomes",
+            format!("must hold 1-{max} outcomes, got {}", body.outcomes.len()),
+        ));
+    }
+    let mut seen = HashSet::with_capacity(body.outcomes.len());
+    let mut writes = Vec::with_capacity(body.outcomes.len());
+    for (i, item) in body.outcomes.into_iter().enumerate() {
+        if item.sequence < 0 {
+            return Err(ApiError::invalid(format!("outcomes[{i}].sequence"), "must be non-negative"));
+        }
+        if !seen.insert((item.parent_id.clone(), item.sequence)) {
+            return Err(ApiError::invalid(
+                format!("outcomes[{i}]"),
+                format!("child {}/{} appears twice in this batch", item.parent_id, item.sequence),
+            ));
+        }
+        writes.push(outcome_write(
+            &format!("outcomes[{i}]."),
+            item.parent_id,
+            item.sequence,
+            item.outcome,
+            item.reason,
+            item.result,
+            item.claim_id,
+        )?);
+    }
+    let statuses = state.store.record_outcomes(&writes).await?;
+    let results = writes
+        .into_iter()
+        .zip(statuses)
+        .map(|(w, status)| BatchResult { parent_id: w.parent_id, sequence: w.sequence, status })
+        .collect();
+    Ok(Json(BatchResults { results }))
+}

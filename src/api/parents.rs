@@ -1,0 +1,377 @@
+//! Parents: register, append, seal, read and list.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::HashMap;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{AppJson, AppQuery, in_range, max_chars, parent_id_param};
+use crate::AppState;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
+use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentState, QueueName, Registration};
+use crate::store::ParentFilter;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(register_parent, get_parent))
+        .routes(routes!(list_parents))
+        .routes(routes!(append_children))
+        .routes(routes!(seal_parent))
+}
+
+/// The longest key a child may have.
+pub const MAX_KEY_CHARS: usize = 200;
+/// The longest reason (skip, failure) in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+
+/// A parent registration: the full child list, written before anything is dispatched.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterParent {
+    /// Queue for queue-wide claims; default `"default"`.
+    #[schema(value_type = Option<String>, example = "events")]
+    queue: Option<QueueName>,
+    /// Retained parent payload (e.g. the remote response a legacy parent still needs decomposed).
+    payload: Option<Value>,
+    /// The children; `children[i]` gets `sequence = i`.
+    #[serde(default)]
+    children: Vec<ChildSpec>,
+    /// `true` (default): the list is complete, and rows and the decomposed mark are
+    /// written in one transaction. `false`: the parent stays `decomposing` until sealed.
+    decomposed: Option<bool>,
+    /// When a child whose lease expired has been claimed this many times, it
+    /// becomes `failed` (`attempts exhausted`). `null`: unlimited.
+    #[schema(minimum = 1)]
+    max_attempts: Option<i32>,
+    /// What an expired lease does: `retry` (default) or `hold`.
+    expired_lease: Option<ExpiredLease>,
+}
+
+/// One child of a registration.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChildSpec {
+    /// The work item, any JSON.
+    payload: Option<Value>,
+    /// Optional client identity (e.g. an event id), unique within the parent.
+    #[schema(max_length = 200)]
+    key: Option<String>,
+    /// Store the child as `skipped` with this reason: invalid input is recorded
+    /// and counted, never dropped.
+    #[schema(max_length = 1000)]
+    skip: Option<String>,
+}
+
+/// One child of an append, with its explicit sequence.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendChild {
+    #[schema(minimum = 0)]
+    sequence: i64,
+    payload: Option<Value>,
+    #[schema(max_length = 200)]
+    key: Option<String>,
+    #[schema(max_length = 1000)]
+    skip: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendChildren {
+    children: Vec<AppendChild>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SealParent {
+    /// Exactly sequences `0..total-1` must exist.
+    #[schema(minimum = 0)]
+    total: i64,
+}
+
+/// Checks one child's key and skip reason and turns it into a ledger row.
+fn new_child(
+    field: &str,
+    sequence: i64,
+    payload: Option<Value>,
+    key: Option<String>,
+    skip: Option<String>,
+    keys: &mut HashMap<String, i64>,
+) -> ApiResult<NewChild> {
+    if let Some(key) = &key {
+        if key.is_empty() {
+            return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
+        }
+        max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
+        if let Some(first) = keys.insert(key.clone(), sequence) {
+            return Err(ApiError::invalid(
+                format!("{field}.key"),
+                format!("key {key:?} is already used by sequence {first} in this request"),
+            ));
+        }
+    }
+    if let Some(skip) = &skip {
+        if skip.is_empty() {
+            return Err(ApiError::invalid(format!("{field}.skip"), "must be a non-empty reason"));
+        }
+        max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
+    }
+    Ok(NewChild { sequence, key, payload: payload.unwrap_or(Value::Null), skip })
+}
+
+fn check_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
+    if count > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("{count} children in one request; at most {max} (use append + seal beyond that)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Register a parent with its full child list.
+///
+/// One row per child is written before anything can be claimed. Repeating the
+/// same registration answers 200 and writes nothing; different content is 409.
+#[utoipa::path(
+    put,
+    path = "/v1/parents/{parent_id}",
+    tag = "parents",
+    params(("parent_id" = String, Path, description = "Client-chosen id, 1-200 chars of `A-Z a-z 0-9 . _ : ~ -`")),
+    request_body = RegisterParent,
+    responses(
+        (status = 201, description = "Registered", body = Parent),
+        (status = 200, description = "The same registration already exists; nothing was written", body = Parent),
+        (status = 409, description = "The parent exists with different content, or a key is duplicated", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input; nothing was written", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn register_parent(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppJson(body): AppJson<RegisterParent>,
+) -> ApiResult<impl IntoResponse> {
+    let parent_id = parent_id_param(&parent_id)?;
+    check_count("children", body.children.len(), state.limits.max_children_per_request)?;
+    if let Some(max) = body.max_attempts {
+        in_range("max_attempts", max, 1, i32::MAX)?;
+    }
+    let mut keys = HashMap::new();
+    let children = body
+        .children
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| new_child(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip, &mut keys))
+        .collect::<ApiResult<Vec<_>>>()?;
+    let queue = body.queue.unwrap_or_default();
+    let decomposed = body.decomposed.unwrap_or(true);
+    let expired_lease = body.expired_lease.unwrap_or_default();
+    let fingerprint = fingerprint(&RegistrationContent {
+        queue: queue.as_str(),
+        payload: body.payload.as_ref(),
+        decomposed,
+        max_attempts: body.max_attempts,
+        expired_lease,
+        children: &children,
+    });
+    let registration = Registration {
+        parent_id,
+        queue,
+        payload: body.payload,
+        decomposed,
+        max_attempts: body.max_attempts,
+        expired_lease,
+        children,
+        fingerprint,
+    };
+    let (created, parent) = state.store.register(&registration).await?;
+    if created {
+        state.signal_work();
+    }
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(parent)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ParentQuery {
+    /// `payload` adds the retained parent payload.
+    #[param(value_type = Option<String>, pattern = "^payload$")]
+    include: Option<Include>,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+pub enum Include {
+    Payload,
+}
+
+/// Read a parent: its derived state and projection.
+///
+/// `total/processed/failed/skipped` and `completed_at` are the stored projection;
+/// `pending/in_flight/held` are read from the non-terminal rows.
+#[utoipa::path(
+    get,
+    path = "/v1/parents/{parent_id}",
+    tag = "parents",
+    params(("parent_id" = String, Path, description = "Parent id"), ParentQuery),
+    responses(
+        (status = 200, body = Parent),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid id or query", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_parent(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppQuery(query): AppQuery<ParentQuery>,
+) -> ApiResult<Json<Parent>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    Ok(Json(state.store.parent(&parent_id, query.include.is_some()).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only this queue's parents.
+    #[param(value_type = Option<String>)]
+    queue: Option<QueueName>,
+    /// Only parents in this state.
+    state: Option<ParentState>,
+    /// Only active parents with a child claimable now (the scheduler's query).
+    resumable: Option<bool>,
+    /// Page size, 1-1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ParentList {
+    /// Oldest first.
+    pub parents: Vec<Parent>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// List parents, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/parents",
+    tag = "parents",
+    params(ListQuery),
+    responses(
+        (status = 200, body = ParentList),
+        (status = 400, description = "Invalid query", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn list_parents(
+    State(state): State<AppState>,
+    AppQuery(query): AppQuery<ListQuery>,
+) -> ApiResult<Json<ParentList>> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("limit", format!("must be between 1 and 1000, got {limit}")));
+    }
+    let after_position = query
+        .cursor
+        .as_deref()
+        .map(|c| c.parse::<i64>().map_err(|_| ApiError::bad_request("cursor", "not a cursor this service issued")))
+        .transpose()?;
+    let page = state
+        .store
+        .list_parents(&ParentFilter {
+            queue: query.queue,
+            state: query.state,
+            resumable: query.resumable.unwrap_or(false),
+            after_position,
+            limit,
+        })
+        .await?;
+    Ok(Json(ParentList { parents: page.parents, next_cursor: page.next_position.map(|p| p.to_string()) }))
+}
+
+/// Append children to a decomposing parent.
+///
+/// Idempotent per sequence: the same content again is a no-op; different
+/// content is 409 and nothing is written. 409 once the parent is decomposed.
+#[utoipa::path(
+    post,
+    path = "/v1/parents/{parent_id}/children",
+    tag = "parents",
+    params(("parent_id" = String, Path, description = "Parent id")),
+    request_body = AppendChildren,
+    responses(
+        (status = 200, body = Appended),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Parent decomposed, content differs, or key duplicated", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input; nothing was written", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn append_children(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppJson(body): AppJson<AppendChildren>,
+) -> ApiResult<Json<Appended>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    check_count("children", body.children.len(), state.limits.max_children_per_request)?;
+    if body.children.is_empty() {
+        return Err(ApiError::invalid("children", "must hold at least one child"));
+    }
+    let mut keys = HashMap::new();
+    let mut sequences = HashMap::new();
+    let mut children = Vec::with_capacity(body.children.len());
+    for (i, c) in body.children.into_iter().enumerate() {
+        let field = format!("children[{i}]");
+        if c.sequence < 0 {
+            return Err(ApiError::invalid(format!("{field}.sequence"), "must be non-negative"));
+        }
+        if let Some(first) = sequences.insert(c.sequence, i) {
+            return Err(ApiError::invalid(
+                format!("{field}.sequence"),
+                format!("sequence {} appears twice in this request (children[{first}])", c.sequence),
+            ));
+        }
+        children.push(new_child(&field, c.sequence, c.payload, c.key, c.skip, &mut keys)?);
+    }
+    Ok(Json(state.store.append(&parent_id, &children).await?))
+}
+
+/// Seal a decomposing parent: mark it decomposed when exactly `0..total-1` exist.
+///
+/// Otherwise 409 naming the missing or extra sequences (at most the first 100
+/// of each). Repeating a successful seal returns 200 and the parent.
+#[utoipa::path(
+    post,
+    path = "/v1/parents/{parent_id}/seal",
+    tag = "parents",
+    params(("parent_id" = String, Path, description = "Parent id")),
+    request_body = SealParent,
+    responses(
+        (status = 200, body = Parent),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Sequences missing or extra", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn seal_parent(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppJson(body): AppJson<SealParent>,
+) -> ApiResult<Json<Parent>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    let total = in_range("total", body.total, 0, i64::MAX / 2)?;
+    let parent = state.store.seal(&parent_id, total).await?;
+    state.signal_work();
+    Ok(Json(parent))
+}

@@ -1,0 +1,119 @@
+//! Command line and environment configuration.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "child-ledger", version, about = "A durable per-child ledger for fan-out work")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: Config,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve HTTP (the default).
+    Serve,
+}
+
+#[derive(Debug, Clone, Parser)]
+pub struct Config {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:8080", global = true)]
+    pub listen: SocketAddr,
+    /// `sqlite://path` (created if missing) or `postgres://...`.
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://child-ledger.db", global = true)]
+    pub database_url: String,
+    /// Most database connections this process opens.
+    #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
+    pub db_max_connections: u32,
+    /// How often expired leases are swept to pending, held or failed.
+    #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000, global = true)]
+    pub reap_interval_ms: u64,
+    /// Longest a request may run before it is answered 503.
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60, global = true)]
+    pub request_timeout_seconds: u64,
+    #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub limits: Limits,
+}
+
+impl Config {
+    pub fn reap_interval(&self) -> Duration {
+        Duration::from_millis(self.reap_interval_ms.max(10))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Request limits, enforced at the edge with a 4xx naming the field.
+#[derive(Debug, Clone, Parser)]
+pub struct Limits {
+    /// Largest request body in bytes (413 beyond).
+    #[arg(long, env = "LEDGER_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024, global = true)]
+    pub max_body_bytes: usize,
+    /// Most children in one registration or append (use append + seal beyond).
+    #[arg(long, env = "LEDGER_MAX_CHILDREN_PER_REQUEST", default_value_t = 100_000, global = true)]
+    pub max_children_per_request: usize,
+    /// Largest claim `limit`.
+    #[arg(long, env = "LEDGER_MAX_CLAIM_LIMIT", default_value_t = 1000, global = true)]
+    pub max_claim_limit: i64,
+    /// Lease given when a claim names none.
+    #[arg(long, env = "LEDGER_DEFAULT_LEASE_SECONDS", default_value_t = 300, global = true)]
+    pub default_lease_seconds: i64,
+    /// Longest lease a claim or extend may ask for.
+    #[arg(long, env = "LEDGER_MAX_LEASE_SECONDS", default_value_t = 86_400, global = true)]
+    pub max_lease_seconds: i64,
+    /// Most outcomes in one batch.
+    #[arg(long, env = "LEDGER_MAX_OUTCOMES_PER_REQUEST", default_value_t = 1000, global = true)]
+    pub max_outcomes_per_request: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024 * 1024,
+            max_children_per_request: 100_000,
+            max_claim_limit: 1000,
+            default_lease_seconds: 300,
+            max_lease_seconds: 86_400,
+            max_outcomes_per_request: 1000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let cli = Cli::try_parse_from(["child-ledger"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.config.listen.to_string(), "127.0.0.1:8080");
+        let parsed = cli.config.limits;
+        let default = Limits::default();
+        assert_eq!(parsed.max_body_bytes, default.max_body_bytes);
+        assert_eq!(parsed.max_children_per_request, default.max_children_per_request);
+        assert_eq!(parsed.max_claim_limit, default.max_claim_limit);
+        assert_eq!(parsed.default_lease_seconds, default.default_lease_seconds);
+        assert_eq!(parsed.max_lease_seconds, default.max_lease_seconds);
+        assert_eq!(parsed.max_outcomes_per_request, default.max_outcomes_per_request);
+    }
+
+    #[test]
+    fn serve_subcommand_is_accepted() {
+        let cli = Cli::try_parse_from(["child-ledger", "serve", "--listen", "0.0.0.0:9000"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Serve)));
+        assert_eq!(cli.config.listen.port(), 9000);
+    }
+}

@@ -1,0 +1,219 @@
+//! The API's one error type, rendered as RFC 9457 problem+json with a stable
+//! `type` per kind. Internal errors are logged once and never leaked.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::ledger::Child;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON at all.
+    #[error("{detail}")]
+    MalformedJson { detail: String },
+    /// A body, query or path field has a wrong type or an invalid value.
+    #[error("{field}: {detail}")]
+    InvalidField { field: String, detail: String, status: StatusCode },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    RegistrationConflict(String),
+    #[error("{detail}")]
+    ChildrenConflict { detail: String, sequences: Vec<i64> },
+    #[error("{0}")]
+    DuplicateKey(String),
+    #[error("parent {0} is decomposed: its ledger is the only source of truth and is not appended to")]
+    ParentDecomposed(String),
+    #[error("parent {0} is still decomposing: seal it before recording outcomes")]
+    ParentDecomposing(String),
+    #[error("seal with total {total} does not match the ledger")]
+    SealMismatch { total: i64, missing: Vec<i64>, extra: Vec<i64> },
+    #[error("a different outcome ({}) already won for this child", .child.outcome.map(|o| o.as_str()).unwrap_or("?"))]
+    OutcomeConflict { child: Box<Child> },
+    #[error("child is {} and cannot be retried", .child.state)]
+    RetryConflict { child: Box<Child> },
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::InvalidField { field: field.into(), detail: detail.into(), status: StatusCode::UNPROCESSABLE_ENTITY }
+    }
+
+    /// An invalid path parameter or query string: 400, naming the field.
+    pub fn bad_request(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::InvalidField { field: field.into(), detail: detail.into(), status: StatusCode::BAD_REQUEST }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::MalformedJson { .. } => StatusCode::BAD_REQUEST,
+            Self::InvalidField { status, .. } => *status,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::NotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RegistrationConflict(_)
+            | Self::ChildrenConflict { .. }
+            | Self::DuplicateKey(_)
+            | Self::ParentDecomposed(_)
+            | Self::ParentDecomposing(_)
+            | Self::SealMismatch { .. }
+            | Self::OutcomeConflict { .. }
+            | Self::RetryConflict { .. } => StatusCode::CONFLICT,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable last segment of the problem `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::MalformedJson { .. } => "malformed-json",
+            Self::InvalidField { status, .. } if *status == StatusCode::BAD_REQUEST => "invalid-parameter",
+            Self::InvalidField { .. } => "invalid-field",
+            Self::UnsupportedMediaType(_) => "unsupported-media-type",
+            Self::BodyTooLarge { .. } => "body-too-large",
+            Self::NotFound(_) => "not-found",
+            Self::RouteNotFound(_) => "route-not-found",
+            Self::MethodNotAllowed(_) => "method-not-allowed",
+            Self::RegistrationConflict(_) => "registration-conflict",
+            Self::ChildrenConflict { .. } => "children-conflict",
+            Self::DuplicateKey(_) => "duplicate-key",
+            Self::ParentDecomposed(_) => "parent-decomposed",
+            Self::ParentDecomposing(_) => "parent-decomposing",
+            Self::SealMismatch { .. } => "seal-mismatch",
+            Self::OutcomeConflict { .. } => "outcome-conflict",
+            Self::RetryConflict { .. } => "retry-conflict",
+            Self::Unavailable(_) => "database-unavailable",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Self::MalformedJson { .. } => "Malformed JSON body",
+            Self::InvalidField { .. } => "Invalid field",
+            Self::UnsupportedMediaType(_) => "Unsupported media type",
+            Self::BodyTooLarge { .. } => "Request body too large",
+            Self::NotFound(_) => "Not found",
+            Self::RouteNotFound(_) => "No such route",
+            Self::MethodNotAllowed(_) => "Method not allowed",
+            Self::RegistrationConflict(_) => "Parent exists with different content",
+            Self::ChildrenConflict { .. } => "Children conflict with the ledger",
+            Self::DuplicateKey(_) => "Duplicate child key",
+            Self::ParentDecomposed(_) => "Parent already decomposed",
+            Self::ParentDecomposing(_) => "Parent still decomposing",
+            Self::SealMismatch { .. } => "Seal does not match the ledger",
+            Self::OutcomeConflict { .. } => "A different outcome already won",
+            Self::RetryConflict { .. } => "Child cannot be retried",
+            Self::Unavailable(_) => "Database unavailable",
+            Self::Internal(_) => "Internal error",
+        }
+    }
+
+    pub fn problem(&self) -> Problem {
+        let detail = match self {
+            // Never leak internals: the log has them.
+            Self::Internal(_) => "the server failed to handle this request; it has been logged".to_owned(),
+            Self::Unavailable(_) => "the database did not answer; retry later".to_owned(),
+            Self::SealMismatch { total, missing, extra } => format!(
+                "seal with total {total} needs exactly sequences 0..{}: {} missing, {} extra (first {} of each listed)",
+                total - 1,
+                missing.len(),
+                extra.len(),
+                crate::ledger::projection::SEAL_REPORT_LIMIT
+            ),
+            other => other.to_string(),
+        };
+        let mut problem = Problem {
+            r#type: format!("/problems/{}", self.kind()),
+            title: self.title().to_owned(),
+            status: self.status().as_u16(),
+            detail,
+            ..Problem::default()
+        };
+        match self {
+            Self::InvalidField { field, .. } => problem.field = Some(field.clone()),
+            Self::ChildrenConflict { sequences, .. } => problem.sequences = Some(sequences.clone()),
+            Self::SealMismatch { missing, extra, .. } => {
+                problem.missing = Some(missing.clone());
+                problem.extra = Some(extra.clone());
+            }
+            Self::OutcomeConflict { child } | Self::RetryConflict { child } => problem.child = Some(child.clone()),
+            _ => {}
+        }
+        problem
+    }
+}
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct Problem {
+    /// Stable identifier of the kind of problem, e.g. `/problems/outcome-conflict`.
+    #[schema(example = "/problems/invalid-field")]
+    pub r#type: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// The request field at fault, as a path (`children[3].key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// On an outcome or retry conflict: the child as it stands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child: Option<Box<Child>>,
+    /// On a seal mismatch: the first missing sequences.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing: Option<Vec<i64>>,
+    /// On a seal mismatch: the first sequences at or past `total`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Vec<i64>>,
+    /// On an append conflict: the sequences whose stored content differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequences: Option<Vec<i64>>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            Self::Internal(err) => tracing::error!(error = ?err, "request failed"),
+            Self::Unavailable(err) => tracing::warn!(error = %err, "database unavailable"),
+            _ => {}
+        }
+        let status = self.status();
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+                Self::Unavailable(err)
+            }
+            other => Self::Internal(anyhow::Error::new(other)),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,11 @@
+//! Domain types and pure rules of the ledger: no I/O lives here.
+
+pub mod fingerprint;
+pub mod ids;
+pub mod model;
+pub mod projection;
+pub mod state;
+
+pub use ids::{ParentId, QueueName, idempotency_key};
+pub use model::*;
+pub use state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};

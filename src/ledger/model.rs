@@ -1,0 +1,268 @@
+//! The ledger's records as the API shows them, and the inputs the store takes.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::ids::{ParentId, QueueName};
+use super::projection::{Change, DerivedProjection, StoredProjection};
+use super::state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};
+
+/// A parent's counters. `total/processed/failed/skipped` are the stored
+/// projection; `pending/in_flight/held` are read from the non-terminal rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Counts {
+    pub total: i64,
+    pub processed: i64,
+    pub failed: i64,
+    pub skipped: i64,
+    pub pending: i64,
+    pub in_flight: i64,
+    pub held: i64,
+}
+
+/// The counts of non-terminal rows, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenCounts {
+    pub pending: i64,
+    pub in_flight: i64,
+    pub held: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Parent {
+    pub parent_id: ParentId,
+    pub queue: QueueName,
+    pub state: ParentState,
+    /// `processed + failed + skipped >= total` on a decomposed parent.
+    pub complete: bool,
+    pub counts: Counts,
+    /// Claims a child may take before an expired lease fails it; `null` = unlimited.
+    pub max_attempts: Option<i32>,
+    pub expired_lease: ExpiredLease,
+    pub created_at: DateTime<Utc>,
+    pub decomposed_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// The retained parent payload; only with `?include=payload`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+}
+
+/// A parent row as stored, before the open counts are added.
+#[derive(Debug, Clone)]
+pub struct ParentRow {
+    pub parent_id: ParentId,
+    pub queue: QueueName,
+    pub payload: Option<Value>,
+    pub max_attempts: Option<i32>,
+    pub expired_lease: ExpiredLease,
+    pub total: i64,
+    pub processed: i64,
+    pub failed: i64,
+    pub skipped: i64,
+    pub created_at: DateTime<Utc>,
+    pub decomposed_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+    /// Insertion order, used as the list cursor.
+    pub position: i64,
+}
+
+impl ParentRow {
+    pub fn into_parent(self, open: OpenCounts, include_payload: bool) -> Parent {
+        let decomposed = self.decomposed_at.is_some();
+        let terminal = self.processed + self.failed + self.skipped;
+        Parent {
+            state: ParentState::derive(decomposed, self.completed_at.is_some()),
+            complete: decomposed && terminal >= self.total,
+            counts: Counts {
+                total: self.total,
+                processed: self.processed,
+                failed: self.failed,
+                skipped: self.skipped,
+                pending: open.pending,
+                in_flight: open.in_flight,
+                held: open.held,
+            },
+            parent_id: self.parent_id,
+            queue: self.queue,
+            max_attempts: self.max_attempts,
+            expired_lease: self.expired_lease,
+            created_at: self.created_at,
+            decomposed_at: self.decomposed_at,
+            completed_at: self.completed_at,
+            payload: if include_payload { self.payload } else { None },
+        }
+    }
+}
+
+/// One losing outcome write, kept so a late write is answered and visible,
+/// never silently dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Conflict {
+    pub outcome: Outcome,
+    pub reason: Option<String>,
+    pub claim_id: Option<Uuid>,
+    pub attempt: Option<i32>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Child {
+    pub parent_id: ParentId,
+    pub sequence: i64,
+    pub key: Option<String>,
+    pub state: ChildState,
+    pub payload: Value,
+    /// How many times the child has been claimed.
+    pub attempts: i32,
+    /// `"{parent_id}/{sequence}"`: pass it to remote APIs so a repeated attempt is recognised.
+    pub idempotency_key: String,
+    /// The claim that last took this child.
+    pub claim_id: Option<Uuid>,
+    pub claimed_by: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// How the last attempt ended: `released` or `expired`; `null` if never.
+    pub previous_attempt: Option<PreviousAttempt>,
+    /// The child is not claimable before this time (set by a delayed release).
+    pub available_at: Option<DateTime<Utc>>,
+    pub outcome: Option<Outcome>,
+    pub reason: Option<String>,
+    pub result: Option<Value>,
+    /// The attempt whose write won; `null` for children skipped at registration
+    /// and for writes from a claim that no longer held the child.
+    pub outcome_attempt: Option<i32>,
+    pub terminal_at: Option<DateTime<Utc>>,
+    /// Outcome writes that lost to the first one.
+    pub conflicts: Vec<Conflict>,
+}
+
+/// A child handed out by a claim.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ClaimedChild {
+    pub parent_id: ParentId,
+    pub sequence: i64,
+    pub key: Option<String>,
+    pub payload: Value,
+    /// 1 on the first claim, +1 for each later claim.
+    pub attempt: i32,
+    pub idempotency_key: String,
+    /// `null` on a first attempt; `released` when the last holder gave it back;
+    /// `expired` when the last lease ran out: the earlier attempt may have had its
+    /// effect, so check the remote side with `idempotency_key` before repeating it.
+    pub previous_attempt: Option<PreviousAttempt>,
+}
+
+/// A child to be written by a registration or an append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewChild {
+    pub sequence: i64,
+    pub key: Option<String>,
+    pub payload: Value,
+    /// When set, the child is stored `skipped` with this reason.
+    pub skip: Option<String>,
+}
+
+/// A complete, validated parent registration.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub parent_id: ParentId,
+    pub queue: QueueName,
+    pub payload: Option<Value>,
+    pub decomposed: bool,
+    pub max_attempts: Option<i32>,
+    pub expired_lease: ExpiredLease,
+    pub children: Vec<NewChild>,
+    /// Digest of the whole registration: an identical repeat writes nothing.
+    pub fingerprint: String,
+}
+
+/// Which children a claim draws from.
+#[derive(Debug, Clone)]
+pub enum ClaimScope {
+    Parent(ParentId),
+    Queue(QueueName),
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub scope: ClaimScope,
+    pub claim_id: Uuid,
+    pub limit: i64,
+    pub lease_seconds: i64,
+    pub worker: Option<String>,
+}
+
+/// One terminal outcome to record.
+#[derive(Debug, Clone)]
+pub struct OutcomeWrite {
+    pub parent_id: ParentId,
+    pub sequence: i64,
+    pub outcome: Outcome,
+    pub reason: Option<String>,
+    pub result: Option<Value>,
+    pub claim_id: Option<Uuid>,
+}
+
+/// What became of one outcome write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeStatus {
+    /// This write made the child terminal.
+    Applied,
+    /// The same outcome was already recorded: nothing changed.
+    Duplicate,
+    /// A different outcome already won; this write is kept in the child's `conflicts`.
+    Conflict,
+    NotFound,
+    /// The parent is still decomposing: no outcome can be recorded yet.
+    NotDecomposed,
+}
+
+/// The answer to a claim: the children handed out under one lease.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Claim {
+    /// Names this claim; the lease token for `extend` and `release`.
+    pub claim_id: Uuid,
+    /// When the lease on every child of this claim runs out; `null` when no
+    /// child was claimable.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Lowest sequence first; empty when nothing is claimable now.
+    pub children: Vec<ClaimedChild>,
+}
+
+/// What an append wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Appended {
+    /// Children written by this request.
+    pub inserted: u64,
+    /// Children that were already in the ledger with the same content.
+    pub existing: u64,
+}
+
+/// One parent's projection compared with its rows.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReconcileReport {
+    pub parent_id: ParentId,
+    pub dry_run: bool,
+    /// Whether this call wrote the repair.
+    pub applied: bool,
+    pub stored: StoredProjection,
+    pub derived: DerivedProjection,
+    /// Empty when the projection agrees with the ledger.
+    pub changes: Vec<Change>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SweepReport {
+    pub dry_run: bool,
+    /// Parents compared.
+    pub checked: u64,
+    /// Parents whose projection disagreed with their rows.
+    pub drifted: u64,
+    /// Parents repaired by this call.
+    pub repaired: u64,
+    /// The drifted parents' reports.
+    pub parents: Vec<ReconcileReport>,
+}

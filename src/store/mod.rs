@@ -1,0 +1,259 @@
+//! The ledger's storage: Postgres for shared production ledgers, SQLite as the
+//! embedded default. The backend is chosen once, from the database URL; all
+//! SQL lives in `postgres.rs` and `sqlite.rs`.
+
+mod postgres;
+mod sqlite;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::error::ApiResult;
+use crate::ledger::{
+    Appended, Child, ChildState, Claim, ClaimRequest, NewChild, OutcomeStatus, OutcomeWrite, Parent, ParentId,
+    QueueName, ReconcileReport, Registration, SweepReport,
+};
+
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// How many expired leases one sweep statement moves at most.
+const EXPIRE_BATCH: i64 = 5_000;
+/// How many parents the reconcile sweep reads per page.
+const SWEEP_PAGE: i64 = 500;
+
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub max_connections: u32,
+    /// How long a request waits for a connection before answering 503.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self { max_connections: 16, acquire_timeout: Duration::from_secs(5) }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Store {
+    Postgres(PgStore),
+    Sqlite(SqliteStore),
+}
+
+/// Filters of the parent list.
+#[derive(Debug, Clone, Default)]
+pub struct ParentFilter {
+    pub queue: Option<QueueName>,
+    pub state: Option<crate::ledger::ParentState>,
+    /// Only active parents with a child claimable now.
+    pub resumable: bool,
+    /// List parents after this position (exclusive).
+    pub after_position: Option<i64>,
+    pub limit: i64,
+}
+
+/// One page of parents; `next_position` is set when more may follow.
+#[derive(Debug, Clone)]
+pub struct ParentPage {
+    pub parents: Vec<Parent>,
+    pub next_position: Option<i64>,
+}
+
+/// One page of a parent's children; `next_after` is set when more may follow.
+#[derive(Debug, Clone)]
+pub struct ChildPage {
+    pub children: Vec<Child>,
+    pub next_after: Option<i64>,
+}
+
+/// A child named in a release.
+#[derive(Debug, Clone)]
+pub struct ChildRef {
+    pub parent_id: ParentId,
+    pub sequence: i64,
+}
+
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            Store::Postgres($store) => $call,
+            Store::Sqlite($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Connects to `postgres://…` or `sqlite://…` (the SQLite file is created if missing).
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Self::connect_with(url, &StoreOptions::default()).await
+    }
+
+    pub async fn connect_with(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres(PgStore::connect(url, options).await.context("connecting to Postgres")?))
+        } else if url.starts_with("sqlite:") {
+            Ok(Self::Sqlite(SqliteStore::connect(url, options).await.context("opening SQLite")?))
+        } else {
+            anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…")
+        }
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => "postgres",
+            Self::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// Applies this backend's embedded migrations.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        dispatch!(self, s => s.migrate().await)
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> ApiResult<()> {
+        dispatch!(self, s => s.ping().await)
+    }
+
+    /// Registers a parent with its children in one transaction. Returns whether
+    /// this call created it (`false`: an identical registration already existed).
+    pub async fn register(&self, registration: &Registration) -> ApiResult<(bool, Parent)> {
+        dispatch!(self, s => s.register(registration).await)
+    }
+
+    pub async fn append(&self, parent_id: &ParentId, children: &[NewChild]) -> ApiResult<Appended> {
+        dispatch!(self, s => s.append(parent_id, children).await)
+    }
+
+    pub async fn seal(&self, parent_id: &ParentId, total: i64) -> ApiResult<Parent> {
+        dispatch!(self, s => s.seal(parent_id, total).await)
+    }
+
+    pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> ApiResult<Parent> {
+        dispatch!(self, s => s.parent(parent_id, include_payload).await)
+    }
+
+    pub async fn list_parents(&self, filter: &ParentFilter) -> ApiResult<ParentPage> {
+        dispatch!(self, s => s.list_parents(filter).await)
+    }
+
+    pub async fn children(
+        &self,
+        parent_id: &ParentId,
+        state: Option<ChildState>,
+        after: Option<i64>,
+        limit: i64,
+    ) -> ApiResult<ChildPage> {
+        dispatch!(self, s => s.children(parent_id, state, after, limit).await)
+    }
+
+    pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> ApiResult<Child> {
+        dispatch!(self, s => s.child(parent_id, sequence).await)
+    }
+
+    /// Claims up to `limit` claimable children under one lease. When fewer are
+    /// pending, expired leases in the same scope are swept first and the claim
+    /// is topped up, so abandoned work comes back without waiting for the reaper.
+    pub async fn claim(&self, request: &ClaimRequest) -> ApiResult<Claim> {
+        let mut claim = dispatch!(self, s => s.claim(request, request.limit).await)?;
+        let short = request.limit - claim.children.len() as i64;
+        if short > 0 && self.expire_leases(Some(&request.scope)).await? > 0 {
+            let more = dispatch!(self, s => s.claim(request, short).await)?;
+            claim.lease_expires_at = claim.lease_expires_at.or(more.lease_expires_at);
+            claim.children.extend(more.children);
+        }
+        Ok(claim)
+    }
+
+    /// Extends every live lease of a claim. Returns how many and the new expiry.
+    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
+        dispatch!(self, s => s.extend(claim_id, lease_seconds).await)
+    }
+
+    /// Returns a claim's children (all, or the named ones) to `pending`.
+    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
+        dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)
+    }
+
+    /// Returns a `held` child to `pending`.
+    pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> ApiResult<Child> {
+        dispatch!(self, s => s.retry(parent_id, sequence).await)
+    }
+
+    /// Records terminal outcomes in one transaction, first writer wins; the
+    /// statuses come back in request order.
+    pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
+        dispatch!(self, s => s.record_outcomes(writes).await)
+    }
+
+    pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> ApiResult<ReconcileReport> {
+        dispatch!(self, s => s.reconcile(parent_id, dry_run).await)
+    }
+
+    /// Reconciles every parent (or one queue's), a page at a time.
+    pub async fn reconcile_sweep(&self, queue: Option<&QueueName>, dry_run: bool) -> ApiResult<SweepReport> {
+        let mut report = SweepReport { dry_run, checked: 0, drifted: 0, repaired: 0, parents: Vec::new() };
+        let mut after = 0;
+        loop {
+            let (ids, last) = dispatch!(self, s => s.drift_candidates(queue, after, SWEEP_PAGE).await)?;
+            report.checked += ids.checked;
+            for parent_id in ids.drifted {
+                // Re-derived under the parent's lock: a concurrent outcome may have
+                // closed the gap since the page was read.
+                let one = self.reconcile(&parent_id, dry_run).await?;
+                if one.changes.is_empty() {
+                    continue;
+                }
+                report.drifted += 1;
+                report.repaired += u64::from(one.applied);
+                report.parents.push(one);
+            }
+            match last {
+                Some(position) => after = position,
+                None => break,
+            }
+        }
+        Ok(report)
+    }
+
+    /// Moves children whose lease ran out to `pending`, `held` (hold policy) or
+    /// `failed` (attempts exhausted), in `scope` or everywhere. Returns how many.
+    pub async fn expire_leases(&self, scope: Option<&crate::ledger::ClaimScope>) -> ApiResult<u64> {
+        let mut moved = 0;
+        loop {
+            let batch = dispatch!(self, s => s.expire_leases(scope, EXPIRE_BATCH).await)?;
+            moved += batch;
+            if batch < EXPIRE_BATCH as u64 {
+                return Ok(moved);
+            }
+        }
+    }
+
+    /// Runs raw SQL, as an operator repairing by hand would (tests use it to
+    /// make the projection drift).
+    pub async fn execute_raw(&self, sql: &str) -> anyhow::Result<()> {
+        dispatch!(self, s => s.execute_raw(sql).await)
+    }
+
+    /// Runs a raw scalar count query.
+    pub async fn count_raw(&self, sql: &str) -> anyhow::Result<i64> {
+        dispatch!(self, s => s.count_raw(sql).await)
+    }
+}
+
+/// A page of the drift scan: how many parents were compared, the ids whose
+/// stored projection disagrees with their rows.
+#[derive(Debug, Default)]
+pub(crate) struct DriftPage {
+    pub checked: u64,
+    pub drifted: Vec<ParentId>,
+}
+
+/// Parses a stored enum value, turning a bad one into a decode error.
+pub(crate) fn parse_column<T: std::str::FromStr<Err = String>>(value: &str) -> Result<T, sqlx::Error> {
+    value.parse().map_err(|e: String| sqlx::Error::Decode(e.into()))
+}

@@ -1,0 +1,231 @@
+//! Test harness: every behaviour test starts the real service on port 0 against a
+//! fresh database (a new Postgres database or a new SQLite file) and talks HTTP.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use child_ledger::config::Limits;
+use child_ledger::store::Store;
+use child_ledger::{AppState, app};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sqlx::Connection;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Declares `mod name { sqlite, postgres }` test pairs that run the same async fn
+/// `name(Backend)` against both stores.
+#[macro_export]
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn sqlite() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn postgres() {
+                    if $crate::common::postgres_available().await {
+                        super::$name($crate::common::Backend::Postgres).await
+                    }
+                }
+            }
+        )*
+    };
+}
+
+fn admin_url() -> String {
+    std::env::var("LEDGER_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+fn postgres_required() -> bool {
+    std::env::var("LEDGER_REQUIRE_POSTGRES").is_ok_and(|v| v == "1" || v == "true")
+        || std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Whether the Postgres half of the suite can run. When Postgres is required
+/// (`LEDGER_REQUIRE_POSTGRES=1` or `CI=true`) a missing server fails the test;
+/// otherwise the skip is announced once on stderr, past the test capture.
+pub async fn postgres_available() -> bool {
+    static REACHABLE: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+    let reachable = *REACHABLE
+        .get_or_init(|| async {
+            matches!(
+                tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&admin_url())).await,
+                Ok(Ok(_))
+            )
+        })
+        .await;
+    if reachable {
+        return true;
+    }
+    if postgres_required() {
+        panic!(
+            "Postgres is required (LEDGER_REQUIRE_POSTGRES/CI) but {} does not answer",
+            admin_url()
+        );
+    }
+    static ANNOUNCED: OnceLock<()> = OnceLock::new();
+    ANNOUNCED.get_or_init(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n*** Postgres at {} does not answer: the Postgres half of the suite is SKIPPED. \
+             Set LEDGER_REQUIRE_POSTGRES=1 to make that a failure. ***\n",
+            admin_url()
+        );
+    });
+    false
+}
+
+pub struct TestApp {
+    pub backend: Backend,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub database_url: String,
+    store: Store,
+    server: tokio::task::JoinHandle<()>,
+    _dir: Option<TempDir>,
+}
+
+/// A scratch directory removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, Limits::default()).await
+}
+
+pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
+    let (database_url, dir) = match backend {
+        Backend::Sqlite => {
+            let dir = std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let url = format!("sqlite://{}", dir.join("ledger.db").display());
+            (url, Some(TempDir(dir)))
+        }
+        Backend::Postgres => {
+            let name = format!("ledger_test_{}", uuid::Uuid::new_v4().simple());
+            let mut admin = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+            let base = admin_url();
+            let root = base.rsplit_once('/').map(|(root, _)| root).unwrap_or(&base);
+            (format!("{root}/{name}"), None)
+        }
+    };
+    let store = Store::connect(&database_url).await.expect("connect store");
+    store.migrate().await.expect("migrate");
+    let state = AppState::new(store.clone(), limits);
+    let router = app(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    TestApp {
+        backend,
+        base: format!("http://{addr}"),
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap(),
+        database_url,
+        store,
+        server,
+        _dir: dir,
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// A response reduced to what tests look at.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: Value,
+}
+
+impl TestApp {
+    pub async fn request(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        Self::reply(req.send().await.expect("request")).await
+    }
+
+    /// Sends a raw body with the given content type.
+    pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
+        let req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .header("content-type", content_type)
+            .body(body);
+        Self::reply(req.send().await.expect("request")).await
+    }
+
+    async fn reply(resp: reqwest::Response) -> Reply {
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let bytes = resp.bytes().await.expect("body");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        Reply {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.request(Method::GET, path, None).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> Reply {
+        self.request(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Reply {
+        self.request(Method::POST, path, Some(body)).await
+    }
+
+    /// Runs raw SQL against the test's database, as an operator would.
+    pub async fn exec(&self, sql: &str) {
+        self.store.execute_raw(sql).await.expect("raw sql");
+    }
+
+    /// Runs a scalar count query (`SELECT count(*) ...`) against the test's database.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.store.count_raw(sql).await.expect("raw count")
+    }
+}
+
+/// A registration body with `n` children whose payload is `{"n": i}`.
+pub fn children(n: usize) -> Vec<Value> {
+    (0..n).map(|i| serde_json::json!({"payload": {"n": i}})).collect()
+}

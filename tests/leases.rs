@@ -1,0 +1,317 @@
+//! Leases: expiry, extension, release, fencing by claim id, attempt limits and
+//! the `hold` policy. Leases are whole seconds, so tests use 1 s leases and wait
+//! a little over 2 s for them to run out.
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::{DateTime, FixedOffset};
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Comfortably past a 1 s lease.
+const PAST_LEASE: Duration = Duration::from_millis(2200);
+
+async fn register(app: &TestApp, parent: &str, body: Value) {
+    let r = app.put(&format!("/v1/parents/{parent}"), body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "register {parent}: {r:?}");
+}
+
+async fn claim(app: &TestApp, parent: &str, limit: u64, lease_seconds: u64, worker: &str) -> Value {
+    let r = app
+        .post(
+            &format!("/v1/parents/{parent}/claims"),
+            json!({"limit": limit, "lease_seconds": lease_seconds, "worker": worker}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "claim {parent}: {r:?}");
+    assert!(r.body["children"].is_array(), "{r:?}");
+    r.body
+}
+
+fn claim_id(claim: &Value) -> &str {
+    claim["claim_id"].as_str().expect("claim_id")
+}
+
+fn sequences(claim: &Value) -> Vec<u64> {
+    claim["children"]
+        .as_array()
+        .expect("children array")
+        .iter()
+        .map(|c| c["sequence"].as_u64().expect("sequence"))
+        .collect()
+}
+
+async fn get_child(app: &TestApp, parent: &str, seq: u64) -> Value {
+    let r = app.get(&format!("/v1/parents/{parent}/children/{seq}")).await;
+    assert_eq!(r.status, StatusCode::OK, "GET child {parent}/{seq}: {r:?}");
+    r.body
+}
+
+async fn get_parent(app: &TestApp, parent: &str) -> Value {
+    let r = app.get(&format!("/v1/parents/{parent}")).await;
+    assert_eq!(r.status, StatusCode::OK, "GET {parent}: {r:?}");
+    r.body
+}
+
+/// Expired leases may be resolved by a background sweep, so poll (up to ~5 s).
+async fn wait_for_child_state(app: &TestApp, parent: &str, seq: u64, state: &str) -> Value {
+    let mut child = Value::Null;
+    for _ in 0..25 {
+        child = get_child(app, parent, seq).await;
+        if child["state"] == state {
+            return child;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{parent}/{seq} never became {state}: {child}");
+}
+
+fn timestamp(v: &Value) -> DateTime<FixedOffset> {
+    DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")))
+        .unwrap_or_else(|e| panic!("not RFC 3339 ({e}): {v}"))
+}
+
+async fn extend(app: &TestApp, claim_id: &str, lease_seconds: u64) -> Value {
+    let r = app
+        .post(
+            &format!("/v1/claims/{claim_id}/extend"),
+            json!({ "lease_seconds": lease_seconds }),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "extend: {r:?}");
+    r.body
+}
+
+async fn release(app: &TestApp, claim_id: &str, body: Value) -> Value {
+    let r = app.post(&format!("/v1/claims/{claim_id}/release"), body).await;
+    assert_eq!(r.status, StatusCode::OK, "release: {r:?}");
+    r.body
+}
+
+async fn lease_expiry_hands_child_out_again(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P", json!({"children": children(1)})).await;
+
+    let first = claim(&app, "P", 10, 1, "worker-a").await;
+    assert_eq!(sequences(&first), [0]);
+    let child = &first["children"][0];
+    assert_eq!(child["attempt"], 1, "{first}");
+    assert!(child["previous_attempt"].is_null(), "{first}");
+    assert_eq!(child["idempotency_key"], "P/0", "{first}");
+
+    // Under a live lease nobody else gets it.
+    assert!(sequences(&claim(&app, "P", 10, 1, "worker-b").await).is_empty());
+
+    tokio::time::sleep(PAST_LEASE).await;
+
+    let second = claim(&app, "P", 10, 300, "worker-b").await;
+    assert_eq!(sequences(&second), [0], "{second}");
+    let child = &second["children"][0];
+    assert_eq!(child["attempt"], 2, "{second}");
+    assert_eq!(child["previous_attempt"], "expired", "{second}");
+    assert_eq!(child["idempotency_key"], "P/0", "stable across attempts: {second}");
+    assert_eq!(child["payload"], json!({"n": 0}));
+    assert_ne!(claim_id(&second), claim_id(&first), "each claim call has its own id");
+
+    let stored = get_child(&app, "P", 0).await;
+    assert_eq!(stored["state"], "in_flight", "{stored}");
+    assert_eq!(stored["attempts"], 2, "{stored}");
+    assert_eq!(stored["claim_id"], claim_id(&second), "{stored}");
+    assert_eq!(stored["claimed_by"], "worker-b", "{stored}");
+}
+
+async fn extend_keeps_the_lease(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-ext", json!({"children": children(2)})).await;
+
+    let claimed = claim(&app, "P-ext", 10, 1, "worker-a").await;
+    assert_eq!(sequences(&claimed), [0, 1]);
+    let first_expiry = timestamp(&claimed["lease_expires_at"]);
+
+    let extended = extend(&app, claim_id(&claimed), 5).await;
+    assert_eq!(extended["extended"], 2, "{extended}");
+    let new_expiry = timestamp(&extended["lease_expires_at"]);
+    assert!(new_expiry > first_expiry, "{new_expiry} is not after {first_expiry}");
+
+    tokio::time::sleep(PAST_LEASE).await;
+
+    let other = claim(&app, "P-ext", 10, 300, "worker-b").await;
+    assert!(
+        sequences(&other).is_empty(),
+        "extended children are still leased: {other}"
+    );
+    for seq in [0, 1] {
+        let child = get_child(&app, "P-ext", seq).await;
+        assert_eq!(child["state"], "in_flight", "{child}");
+        assert_eq!(child["claim_id"], claim_id(&claimed), "{child}");
+        assert_eq!(child["attempts"], 1, "{child}");
+    }
+}
+
+async fn release_returns_children(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-rel", json!({"children": children(3)})).await;
+
+    let a = claim(&app, "P-rel", 10, 300, "worker-a").await;
+    assert_eq!(sequences(&a), [0, 1, 2]);
+
+    let released = release(
+        &app,
+        claim_id(&a),
+        json!({"children": [{"parent_id": "P-rel", "sequence": 1}]}),
+    )
+    .await;
+    assert_eq!(released["released"], 1, "{released}");
+
+    let b = claim(&app, "P-rel", 10, 300, "worker-b").await;
+    assert_eq!(sequences(&b), [1], "only the released child is claimable: {b}");
+    assert_eq!(b["children"][0]["attempt"], 2, "{b}");
+    assert_eq!(b["children"][0]["previous_attempt"], "released", "{b}");
+
+    // Releasing everything only touches what this claim still holds.
+    let released = release(&app, claim_id(&a), json!({})).await;
+    assert_eq!(released["released"], 2, "{released}");
+
+    let c = claim(&app, "P-rel", 10, 300, "worker-c").await;
+    assert_eq!(sequences(&c), [0, 2], "{c}");
+    for child in c["children"].as_array().unwrap() {
+        assert_eq!(child["attempt"], 2, "{child}");
+        assert_eq!(child["previous_attempt"], "released", "{child}");
+    }
+    assert_eq!(get_child(&app, "P-rel", 1).await["claim_id"], claim_id(&b));
+
+    // A delayed release is pending but not claimable yet.
+    let released = release(&app, claim_id(&c), json!({"delay_seconds": 3})).await;
+    assert_eq!(released["released"], 2, "{released}");
+    let d = claim(&app, "P-rel", 10, 300, "worker-d").await;
+    assert!(sequences(&d).is_empty(), "delayed children are not claimable yet: {d}");
+
+    let parent = get_parent(&app, "P-rel").await;
+    assert_eq!(parent["counts"]["pending"], 2, "{parent}");
+    assert_eq!(parent["counts"]["in_flight"], 1, "{parent}");
+    assert_eq!(get_child(&app, "P-rel", 0).await["state"], "pending");
+}
+
+async fn stale_claim_is_fenced(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-fence", json!({"children": children(1)})).await;
+
+    let a = claim(&app, "P-fence", 10, 1, "worker-a").await;
+    assert_eq!(sequences(&a), [0]);
+    tokio::time::sleep(PAST_LEASE).await;
+    let b = claim(&app, "P-fence", 10, 300, "worker-b").await;
+    assert_eq!(sequences(&b), [0], "{b}");
+
+    // A's claim id no longer holds anything.
+    let extended = extend(&app, claim_id(&a), 300).await;
+    assert_eq!(extended["extended"], 0, "{extended}");
+    let released = release(&app, claim_id(&a), json!({})).await;
+    assert_eq!(released["released"], 0, "{released}");
+    let released = release(
+        &app,
+        claim_id(&a),
+        json!({"children": [{"parent_id": "P-fence", "sequence": 0}]}),
+    )
+    .await;
+    assert_eq!(released["released"], 0, "{released}");
+
+    let child = get_child(&app, "P-fence", 0).await;
+    assert_eq!(child["state"], "in_flight", "{child}");
+    assert_eq!(child["claim_id"], claim_id(&b), "{child}");
+    assert_eq!(child["claimed_by"], "worker-b", "{child}");
+    assert_eq!(child["attempts"], 2, "{child}");
+    assert!(sequences(&claim(&app, "P-fence", 10, 300, "worker-c").await).is_empty());
+}
+
+async fn attempts_run_out(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-max", json!({"children": children(1), "max_attempts": 2})).await;
+    assert_eq!(get_parent(&app, "P-max").await["max_attempts"], 2);
+
+    let first = claim(&app, "P-max", 10, 1, "worker-a").await;
+    assert_eq!(first["children"][0]["attempt"], 1, "{first}");
+    tokio::time::sleep(PAST_LEASE).await;
+
+    let second = claim(&app, "P-max", 10, 1, "worker-b").await;
+    assert_eq!(sequences(&second), [0], "{second}");
+    assert_eq!(second["children"][0]["attempt"], 2, "{second}");
+    assert_eq!(second["children"][0]["previous_attempt"], "expired", "{second}");
+    tokio::time::sleep(PAST_LEASE).await;
+
+    let third = claim(&app, "P-max", 10, 300, "worker-c").await;
+    assert!(sequences(&third).is_empty(), "two attempts were all it had: {third}");
+
+    let child = wait_for_child_state(&app, "P-max", 0, "failed").await;
+    assert_eq!(child["reason"], "attempts exhausted", "{child}");
+    assert_eq!(child["outcome"], "failed", "{child}");
+    assert_eq!(child["attempts"], 2, "{child}");
+
+    let parent = get_parent(&app, "P-max").await;
+    assert_eq!(parent["counts"]["failed"], 1, "{parent}");
+    assert_eq!(parent["counts"]["pending"], 0, "{parent}");
+    assert_eq!(parent["counts"]["in_flight"], 0, "{parent}");
+    assert_eq!(parent["complete"], true, "{parent}");
+    assert_eq!(parent["state"], "complete", "{parent}");
+}
+
+async fn hold_policy_waits_for_a_decision(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(
+        &app,
+        "P-hold",
+        json!({"children": children(1), "expired_lease": "hold"}),
+    )
+    .await;
+    assert_eq!(get_parent(&app, "P-hold").await["expired_lease"], "hold");
+
+    let first = claim(&app, "P-hold", 10, 1, "worker-a").await;
+    assert_eq!(sequences(&first), [0]);
+    tokio::time::sleep(PAST_LEASE).await;
+
+    let again = claim(&app, "P-hold", 10, 300, "worker-b").await;
+    assert!(sequences(&again).is_empty(), "a held child is not handed out: {again}");
+
+    wait_for_child_state(&app, "P-hold", 0, "held").await;
+    let parent = get_parent(&app, "P-hold").await;
+    assert_eq!(parent["counts"]["held"], 1, "{parent}");
+    assert_eq!(parent["counts"]["pending"], 0, "{parent}");
+    assert_eq!(parent["counts"]["in_flight"], 0, "{parent}");
+    assert_eq!(parent["complete"], false, "{parent}");
+    assert_eq!(parent["state"], "active", "{parent}");
+
+    let r = app.post("/v1/parents/P-hold/children/0/retry", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "retry a held child: {r:?}");
+    assert_eq!(get_child(&app, "P-hold", 0).await["state"], "pending");
+
+    let resumed = claim(&app, "P-hold", 10, 300, "worker-b").await;
+    assert_eq!(sequences(&resumed), [0], "{resumed}");
+    assert_eq!(resumed["children"][0]["attempt"], 2, "{resumed}");
+
+    let r = app
+        .post(
+            "/v1/parents/P-hold/children/0/outcome",
+            json!({"outcome": "processed", "claim_id": claim_id(&resumed)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["applied"], true, "{r:?}");
+
+    // Terminal is one-way.
+    let r = app.post("/v1/parents/P-hold/children/0/retry", json!({})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    assert!(r.content_type.starts_with("application/problem+json"), "{r:?}");
+    assert_eq!(r.body["status"], 409, "{r:?}");
+    assert_eq!(get_child(&app, "P-hold", 0).await["state"], "processed");
+}
+
+both_stores!(
+    lease_expiry_hands_child_out_again,
+    extend_keeps_the_lease,
+    release_returns_children,
+    stale_claim_is_fenced,
+    attempts_run_out,
+    hold_policy_waits_for_a_decision,
+);
