@@ -15,7 +15,11 @@ pub enum ApiError {
     MalformedJson { detail: String },
     /// A body, query or path field has a wrong type or an invalid value.
     #[error("{field}: {detail}")]
-    InvalidField { field: String, detail: String, status: StatusCode },
+    InvalidField {
+        field: String,
+        detail: String,
+        status: StatusCode,
+    },
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("request body is larger than {limit} bytes")]
@@ -32,12 +36,18 @@ pub enum ApiError {
     ChildrenConflict { detail: String, sequences: Vec<i64> },
     #[error("{0}")]
     DuplicateKey(String),
-    #[error("parent {0} is decomposed: its ledger is the only source of truth and is not appended to")]
+    #[error(
+        "parent {0} is decomposed: its ledger is the only source of truth and is not appended to"
+    )]
     ParentDecomposed(String),
     #[error("parent {0} is still decomposing: seal it before recording outcomes")]
     ParentDecomposing(String),
     #[error("seal with total {total} does not match the ledger")]
-    SealMismatch { total: i64, missing: Vec<i64>, extra: Vec<i64> },
+    SealMismatch {
+        total: i64,
+        missing: Vec<i64>,
+        extra: Vec<i64>,
+    },
     #[error("a different outcome ({}) already won for this child", .child.outcome.map(|o| o.as_str()).unwrap_or("?"))]
     OutcomeConflict { child: Box<Child> },
     #[error("child is {} and cannot be retried", .child.state)]
@@ -50,12 +60,20 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self::InvalidField { field: field.into(), detail: detail.into(), status: StatusCode::UNPROCESSABLE_ENTITY }
+        Self::InvalidField {
+            field: field.into(),
+            detail: detail.into(),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+        }
     }
 
     /// An invalid path parameter or query string: 400, naming the field.
     pub fn bad_request(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self::InvalidField { field: field.into(), detail: detail.into(), status: StatusCode::BAD_REQUEST }
+        Self::InvalidField {
+            field: field.into(),
+            detail: detail.into(),
+            status: StatusCode::BAD_REQUEST,
+        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -83,7 +101,9 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::MalformedJson { .. } => "malformed-json",
-            Self::InvalidField { status, .. } if *status == StatusCode::BAD_REQUEST => "invalid-parameter",
+            Self::InvalidField { status, .. } if *status == StatusCode::BAD_REQUEST => {
+                "invalid-parameter"
+            }
             Self::InvalidField { .. } => "invalid-field",
             Self::UnsupportedMediaType(_) => "unsupported-media-type",
             Self::BodyTooLarge { .. } => "body-too-large",
@@ -128,9 +148,15 @@ impl ApiError {
     pub fn problem(&self) -> Problem {
         let detail = match self {
             // Never leak internals: the log has them.
-            Self::Internal(_) => "the server failed to handle this request; it has been logged".to_owned(),
+            Self::Internal(_) => {
+                "the server failed to handle this request; it has been logged".to_owned()
+            }
             Self::Unavailable(_) => "the database did not answer; retry later".to_owned(),
-            Self::SealMismatch { total, missing, extra } => format!(
+            Self::SealMismatch {
+                total,
+                missing,
+                extra,
+            } => format!(
                 "seal with total {total} needs exactly sequences 0..{}: {} missing, {} extra (first {} of each listed)",
                 total - 1,
                 missing.len(),
@@ -153,7 +179,9 @@ impl ApiError {
                 problem.missing = Some(missing.clone());
                 problem.extra = Some(extra.clone());
             }
-            Self::OutcomeConflict { child } | Self::RetryConflict { child } => problem.child = Some(child.clone()),
+            Self::OutcomeConflict { child } | Self::RetryConflict { child } => {
+                problem.child = Some(child.clone())
+            }
             _ => {}
         }
         problem
@@ -197,7 +225,10 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -208,9 +239,10 @@ impl IntoResponse for ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
         match err {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
-                Self::Unavailable(err)
-            }
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_) => Self::Unavailable(err),
             other => Self::Internal(anyhow::Error::new(other)),
         }
     }

@@ -57,7 +57,10 @@ pub fn app_with_timeout(state: AppState, request_timeout: Duration) -> Router {
     api::router(state)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(body_limit))
-        .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            request_timeout,
+        ))
         .layer(TraceLayer::new_for_http())
 }
 

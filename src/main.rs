@@ -15,10 +15,16 @@ async fn main() -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init(),
     }
 
-    let options = StoreOptions { max_connections: config.db_max_connections, ..StoreOptions::default() };
+    let options = StoreOptions {
+        max_connections: config.db_max_connections,
+        ..StoreOptions::default()
+    };
     let store = connect_with_backoff(&config.database_url, &options).await;
     store.migrate().await.context("applying migrations")?;
     tracing::info!(backend = store.backend(), "ledger ready");
@@ -31,7 +37,9 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     tracing::info!(listen = %config.listen, "serving HTTP");
-    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
     reaper.abort();
     tracing::info!("stopped");
     Ok(())
@@ -44,7 +52,11 @@ async fn connect_with_backoff(url: &str, options: &StoreOptions) -> Store {
         match Store::connect_with(url, options).await {
             Ok(store) => return store,
             Err(err) => {
-                tracing::warn!(error = format!("{err:#}"), retry_in_ms = delay.as_millis() as u64, "database not reachable");
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "database not reachable"
+                );
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }

@@ -60,10 +60,19 @@ async fn list_children(
     let parent_id = parent_id_param(&parent_id)?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request("limit", format!("must be between 1 and 1000, got {limit}")));
+        return Err(ApiError::bad_request(
+            "limit",
+            format!("must be between 1 and 1000, got {limit}"),
+        ));
     }
-    let page = state.store.children(&parent_id, query.state, query.after, limit).await?;
-    Ok(Json(ChildList { children: page.children, next_after: page.next_after }))
+    let page = state
+        .store
+        .children(&parent_id, query.state, query.after, limit)
+        .await?;
+    Ok(Json(ChildList {
+        children: page.children,
+        next_after: page.next_after,
+    }))
 }
 
 /// Read one child: its state, lease, outcome and conflict log.

@@ -53,14 +53,34 @@ pub struct ClaimChildren {
 
 async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
     let limits = &state.limits;
-    let limit = in_range("limit", body.limit.unwrap_or(100), 1, limits.max_claim_limit)?;
-    let lease_seconds =
-        in_range("lease_seconds", body.lease_seconds.unwrap_or(limits.default_lease_seconds), 1, limits.max_lease_seconds)?;
-    let wait_seconds = in_range("wait_seconds", body.wait_seconds.unwrap_or(0), 0, MAX_WAIT_SECONDS)?;
+    let limit = in_range(
+        "limit",
+        body.limit.unwrap_or(100),
+        1,
+        limits.max_claim_limit,
+    )?;
+    let lease_seconds = in_range(
+        "lease_seconds",
+        body.lease_seconds.unwrap_or(limits.default_lease_seconds),
+        1,
+        limits.max_lease_seconds,
+    )?;
+    let wait_seconds = in_range(
+        "wait_seconds",
+        body.wait_seconds.unwrap_or(0),
+        0,
+        MAX_WAIT_SECONDS,
+    )?;
     if let Some(worker) = &body.worker {
         max_chars("worker", worker, 200)?;
     }
-    let request = ClaimRequest { scope, claim_id: Uuid::new_v4(), limit, lease_seconds, worker: body.worker };
+    let request = ClaimRequest {
+        scope,
+        claim_id: Uuid::new_v4(),
+        limit,
+        lease_seconds,
+        worker: body.worker,
+    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds as u64);
     loop {
         // Subscribe before looking, so work added in between still wakes us.
@@ -167,10 +187,17 @@ async fn extend_claim(
 ) -> ApiResult<Json<Extended>> {
     let claim_id = claim_id_param(&claim_id)?;
     let limits = &state.limits;
-    let lease_seconds =
-        in_range("lease_seconds", body.lease_seconds.unwrap_or(limits.default_lease_seconds), 1, limits.max_lease_seconds)?;
+    let lease_seconds = in_range(
+        "lease_seconds",
+        body.lease_seconds.unwrap_or(limits.default_lease_seconds),
+        1,
+        limits.max_lease_seconds,
+    )?;
     let (extended, lease_expires_at) = state.store.extend(claim_id, lease_seconds).await?;
-    Ok(Json(Extended { extended, lease_expires_at }))
+    Ok(Json(Extended {
+        extended,
+        lease_expires_at,
+    }))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -219,21 +246,42 @@ async fn release_claim(
     AppJson(body): AppJson<ReleaseClaim>,
 ) -> ApiResult<Json<Released>> {
     let claim_id = claim_id_param(&claim_id)?;
-    let delay_seconds = in_range("delay_seconds", body.delay_seconds.unwrap_or(0), 0, state.limits.max_lease_seconds)?;
+    let delay_seconds = in_range(
+        "delay_seconds",
+        body.delay_seconds.unwrap_or(0),
+        0,
+        state.limits.max_lease_seconds,
+    )?;
     let children = match body.children {
         None => None,
         Some(children) => {
-            in_range("children", children.len(), 1, state.limits.max_claim_limit as usize)
-                .map_err(|_| crate::error::ApiError::invalid("children", "must name 1-1000 children, or be omitted"))?;
+            in_range(
+                "children",
+                children.len(),
+                1,
+                state.limits.max_claim_limit as usize,
+            )
+            .map_err(|_| {
+                crate::error::ApiError::invalid(
+                    "children",
+                    "must name 1-1000 children, or be omitted",
+                )
+            })?;
             let mut refs = Vec::with_capacity(children.len());
             for (i, c) in children.into_iter().enumerate() {
                 in_range(&format!("children[{i}].sequence"), c.sequence, 0, i64::MAX)?;
-                refs.push(ChildRef { parent_id: c.parent_id, sequence: c.sequence });
+                refs.push(ChildRef {
+                    parent_id: c.parent_id,
+                    sequence: c.sequence,
+                });
             }
             Some(refs)
         }
     };
-    let released = state.store.release(claim_id, children.as_deref(), delay_seconds).await?;
+    let released = state
+        .store
+        .release(claim_id, children.as_deref(), delay_seconds)
+        .await?;
     if released > 0 {
         state.signal_work();
     }

@@ -22,12 +22,18 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let content_type = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::BodyTooLarge { limit: 0 }
             } else {
-                ApiError::MalformedJson { detail: format!("could not read the request body: {rejection}") }
+                ApiError::MalformedJson {
+                    detail: format!("could not read the request body: {rejection}"),
+                }
             }
         })?;
         let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -52,8 +58,14 @@ where
 }
 
 fn is_json(content_type: &str) -> bool {
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// Deserializes JSON, reporting the path of the field at fault.
@@ -64,12 +76,23 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         let inner = err.into_inner();
         match inner.classify() {
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                ApiError::MalformedJson { detail: format!("the body is not valid JSON: {inner}") }
+                ApiError::MalformedJson {
+                    detail: format!("the body is not valid JSON: {inner}"),
+                }
             }
-            _ => ApiError::invalid(if field == "." { "body".to_owned() } else { field }, inner.to_string()),
+            _ => ApiError::invalid(
+                if field == "." {
+                    "body".to_owned()
+                } else {
+                    field
+                },
+                inner.to_string(),
+            ),
         }
     })?;
-    de.end().map_err(|err| ApiError::MalformedJson { detail: format!("the body is not valid JSON: {err}") })?;
+    de.end().map_err(|err| ApiError::MalformedJson {
+        detail: format!("the body is not valid JSON: {err}"),
+    })?;
     Ok(value)
 }
 
@@ -86,13 +109,19 @@ where
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
         let de = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
-        serde_path_to_error::deserialize(de).map(AppQuery).map_err(|err| {
-            let field = err.path().to_string();
-            let detail = err.into_inner().to_string();
-            // A missing or unknown parameter is named in the message itself.
-            let field = if field == "." { parameter_in(&detail).unwrap_or("query").to_owned() } else { field };
-            ApiError::bad_request(field, detail)
-        })
+        serde_path_to_error::deserialize(de)
+            .map(AppQuery)
+            .map_err(|err| {
+                let field = err.path().to_string();
+                let detail = err.into_inner().to_string();
+                // A missing or unknown parameter is named in the message itself.
+                let field = if field == "." {
+                    parameter_in(&detail).unwrap_or("query").to_owned()
+                } else {
+                    field
+                };
+                ApiError::bad_request(field, detail)
+            })
     }
 }
 
@@ -118,12 +147,16 @@ pub fn queue_param(raw: &str) -> Result<QueueName, ApiError> {
 pub fn sequence_param(raw: &str) -> Result<i64, ApiError> {
     match raw.parse::<i64>() {
         Ok(sequence) if sequence >= 0 => Ok(sequence),
-        _ => Err(ApiError::bad_request("sequence", format!("must be a non-negative integer, got {raw:?}"))),
+        _ => Err(ApiError::bad_request(
+            "sequence",
+            format!("must be a non-negative integer, got {raw:?}"),
+        )),
     }
 }
 
 pub fn claim_id_param(raw: &str) -> Result<uuid::Uuid, ApiError> {
-    uuid::Uuid::parse_str(raw).map_err(|e| ApiError::bad_request("claim_id", format!("must be a uuid: {e}")))
+    uuid::Uuid::parse_str(raw)
+        .map_err(|e| ApiError::bad_request("claim_id", format!("must be a uuid: {e}")))
 }
 
 /// Checks a number against an inclusive range, naming the field when it is out.
@@ -132,7 +165,10 @@ where
     T: PartialOrd + std::fmt::Display + Copy,
 {
     if value < min || value > max {
-        return Err(ApiError::invalid(field, format!("must be between {min} and {max}, got {value}")));
+        return Err(ApiError::invalid(
+            field,
+            format!("must be between {min} and {max}, got {value}"),
+        ));
     }
     Ok(value)
 }
@@ -141,7 +177,10 @@ where
 pub fn max_chars(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     let len = value.chars().count();
     if len > max {
-        return Err(ApiError::invalid(field, format!("must be at most {max} characters, got {len}")));
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {max} characters, got {len}"),
+        ));
     }
     Ok(())
 }
@@ -163,13 +202,20 @@ mod tests {
 
     #[test]
     fn json_errors_name_the_field() {
-        let err = parse_json::<Body>(br#"{"children": [{"sequence": 1}, {"sequence": "x"}]}"#).unwrap_err();
+        let err = parse_json::<Body>(br#"{"children": [{"sequence": 1}, {"sequence": "x"}]}"#)
+            .unwrap_err();
         match err {
             ApiError::InvalidField { field, .. } => assert_eq!(field, "children[1].sequence"),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(matches!(parse_json::<Body>(b"{\"children\": ["), Err(ApiError::MalformedJson { .. })));
-        assert!(matches!(parse_json::<Body>(br#"{"children": []} {}"#), Err(ApiError::MalformedJson { .. })));
+        assert!(matches!(
+            parse_json::<Body>(b"{\"children\": ["),
+            Err(ApiError::MalformedJson { .. })
+        ));
+        assert!(matches!(
+            parse_json::<Body>(br#"{"children": []} {}"#),
+            Err(ApiError::MalformedJson { .. })
+        ));
     }
 
     #[test]
@@ -184,7 +230,10 @@ mod tests {
 
     #[test]
     fn parameter_names_are_found_in_messages() {
-        assert_eq!(parameter_in("unknown field `limt`, expected one of `limit`"), Some("limt"));
+        assert_eq!(
+            parameter_in("unknown field `limt`, expected one of `limit`"),
+            Some("limt")
+        );
         assert_eq!(parameter_in("no name here"), None);
     }
 }

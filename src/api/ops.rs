@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
+use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -18,7 +18,10 @@ use crate::AppState;
 use crate::error::{ApiResult, Problem};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).routes(routes!(metrics))
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -32,7 +35,10 @@ pub struct Health {
 /// Liveness: the process is up.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
 async fn healthz(State(state): State<AppState>) -> Json<Health> {
-    Json(Health { status: "ok".to_owned(), store: state.store.backend().to_owned() })
+    Json(Health {
+        status: "ok".to_owned(),
+        store: state.store.backend().to_owned(),
+    })
 }
 
 /// Readiness: the database answers.
@@ -47,7 +53,10 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
 )]
 async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
     state.store.ping().await?;
-    Ok(Json(Health { status: "ready".to_owned(), store: state.store.backend().to_owned() }))
+    Ok(Json(Health {
+        status: "ready".to_owned(),
+        store: state.store.backend().to_owned(),
+    }))
 }
 
 /// Request counters, by method, matched route and status.
@@ -59,7 +68,9 @@ pub struct Metrics {
 impl Metrics {
     fn record(&self, method: &str, route: &str, status: u16) {
         let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        *requests.entry((method.to_owned(), route.to_owned(), status)).or_default() += 1;
+        *requests
+            .entry((method.to_owned(), route.to_owned(), status))
+            .or_default() += 1;
     }
 
     fn render(&self) -> String {
@@ -87,7 +98,9 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let response = next.run(request).await;
-    state.metrics.record(&method, &route, response.status().as_u16());
+    state
+        .metrics
+        .record(&method, &route, response.status().as_u16());
     response
 }
 
@@ -100,7 +113,10 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
 )]
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
         state.metrics.render(),
     )
 }

@@ -18,7 +18,9 @@ use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(record_outcome)).routes(routes!(record_outcomes))
+    OpenApiRouter::new()
+        .routes(routes!(record_outcome))
+        .routes(routes!(record_outcomes))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -55,7 +57,14 @@ fn outcome_write(
     if let Some(reason) = &reason {
         max_chars(&format!("{field}reason"), reason, MAX_REASON_CHARS)?;
     }
-    Ok(OutcomeWrite { parent_id, sequence, outcome, reason, result, claim_id })
+    Ok(OutcomeWrite {
+        parent_id,
+        sequence,
+        outcome,
+        reason,
+        result,
+        claim_id,
+    })
 }
 
 /// Record a child's terminal outcome (first writer wins).
@@ -86,18 +95,35 @@ async fn record_outcome(
 ) -> ApiResult<Json<OutcomeRecorded>> {
     let parent_id = parent_id_param(&parent_id)?;
     let sequence = sequence_param(&sequence)?;
-    let write = outcome_write("", parent_id.clone(), sequence, body.outcome, body.reason, body.result, body.claim_id)?;
-    let status = state.store.record_outcomes(std::slice::from_ref(&write)).await?[0];
+    let write = outcome_write(
+        "",
+        parent_id.clone(),
+        sequence,
+        body.outcome,
+        body.reason,
+        body.result,
+        body.claim_id,
+    )?;
+    let status = state
+        .store
+        .record_outcomes(std::slice::from_ref(&write))
+        .await?[0];
     let applied = match status {
         OutcomeStatus::Applied => true,
         OutcomeStatus::Duplicate => false,
         OutcomeStatus::NotFound => {
-            return Err(ApiError::NotFound(format!("no child {sequence} in parent {parent_id}")));
+            return Err(ApiError::NotFound(format!(
+                "no child {sequence} in parent {parent_id}"
+            )));
         }
-        OutcomeStatus::NotDecomposed => return Err(ApiError::ParentDecomposing(parent_id.to_string())),
+        OutcomeStatus::NotDecomposed => {
+            return Err(ApiError::ParentDecomposing(parent_id.to_string()));
+        }
         OutcomeStatus::Conflict => {
             let child = state.store.child(&parent_id, sequence).await?;
-            return Err(ApiError::OutcomeConflict { child: Box::new(child) });
+            return Err(ApiError::OutcomeConflict {
+                child: Box::new(child),
+            });
         }
     };
     let child = state.store.child(&parent_id, sequence).await?;
@@ -168,12 +194,18 @@ async fn record_outcomes(
     let mut writes = Vec::with_capacity(body.outcomes.len());
     for (i, item) in body.outcomes.into_iter().enumerate() {
         if item.sequence < 0 {
-            return Err(ApiError::invalid(format!("outcomes[{i}].sequence"), "must be non-negative"));
+            return Err(ApiError::invalid(
+                format!("outcomes[{i}].sequence"),
+                "must be non-negative",
+            ));
         }
         if !seen.insert((item.parent_id.clone(), item.sequence)) {
             return Err(ApiError::invalid(
                 format!("outcomes[{i}]"),
-                format!("child {}/{} appears twice in this batch", item.parent_id, item.sequence),
+                format!(
+                    "child {}/{} appears twice in this batch",
+                    item.parent_id, item.sequence
+                ),
             ));
         }
         writes.push(outcome_write(
@@ -190,7 +222,11 @@ async fn record_outcomes(
     let results = writes
         .into_iter()
         .zip(statuses)
-        .map(|(w, status)| BatchResult { parent_id: w.parent_id, sequence: w.sequence, status })
+        .map(|(w, status)| BatchResult {
+            parent_id: w.parent_id,
+            sequence: w.sequence,
+            status,
+        })
         .collect();
     Ok(Json(BatchResults { results }))
 }

@@ -14,7 +14,9 @@ use crate::error::{ApiResult, Problem};
 use crate::ledger::{QueueName, ReconcileReport, SweepReport};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(reconcile_parent)).routes(routes!(reconcile_all))
+    OpenApiRouter::new()
+        .routes(routes!(reconcile_parent))
+        .routes(routes!(reconcile_all))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -47,7 +49,12 @@ async fn reconcile_parent(
     AppJson(body): AppJson<ReconcileParent>,
 ) -> ApiResult<Json<ReconcileReport>> {
     let parent_id = parent_id_param(&parent_id)?;
-    Ok(Json(state.store.reconcile(&parent_id, body.dry_run.unwrap_or(false)).await?))
+    Ok(Json(
+        state
+            .store
+            .reconcile(&parent_id, body.dry_run.unwrap_or(false))
+            .await?,
+    ))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -78,5 +85,10 @@ async fn reconcile_all(
     State(state): State<AppState>,
     AppJson(body): AppJson<ReconcileAll>,
 ) -> ApiResult<Json<SweepReport>> {
-    Ok(Json(state.store.reconcile_sweep(body.queue.as_ref(), body.dry_run.unwrap_or(false)).await?))
+    Ok(Json(
+        state
+            .store
+            .reconcile_sweep(body.queue.as_ref(), body.dry_run.unwrap_or(false))
+            .await?,
+    ))
 }

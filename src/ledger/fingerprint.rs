@@ -104,22 +104,38 @@ mod tests {
     }
 
     fn child(payload: Value) -> NewChild {
-        NewChild { sequence: 0, key: None, payload, skip: None }
+        NewChild {
+            sequence: 0,
+            key: None,
+            payload,
+            skip: None,
+        }
     }
 
     #[test]
     fn key_order_does_not_matter() {
         let a = [child(serde_json::from_str(r#"{"a":1,"b":[1,2]}"#).unwrap())];
-        let b = [child(serde_json::from_str(r#"{ "b":[1,2], "a":1 }"#).unwrap())];
-        assert_eq!(fingerprint(&content("q", &a)), fingerprint(&content("q", &b)));
+        let b = [child(
+            serde_json::from_str(r#"{ "b":[1,2], "a":1 }"#).unwrap(),
+        )];
+        assert_eq!(
+            fingerprint(&content("q", &a)),
+            fingerprint(&content("q", &b))
+        );
     }
 
     #[test]
     fn any_content_change_changes_the_digest() {
         let base = [child(json!({"a": 1}))];
         let other_payload = [child(json!({"a": 2}))];
-        let skipped = [NewChild { skip: Some("bad".into()), ..child(json!({"a": 1})) }];
-        let keyed = [NewChild { key: Some("k".into()), ..child(json!({"a": 1})) }];
+        let skipped = [NewChild {
+            skip: Some("bad".into()),
+            ..child(json!({"a": 1}))
+        }];
+        let keyed = [NewChild {
+            key: Some("k".into()),
+            ..child(json!({"a": 1}))
+        }];
         let digest = fingerprint(&content("q", &base));
         assert_ne!(digest, fingerprint(&content("r", &base)));
         assert_ne!(digest, fingerprint(&content("q", &other_payload)));

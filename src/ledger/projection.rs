@@ -39,7 +39,12 @@ pub struct StoredProjection {
 
 impl StoredProjection {
     pub fn tally(&self) -> Tally {
-        Tally { total: self.total, processed: self.processed, failed: self.failed, skipped: self.skipped }
+        Tally {
+            total: self.total,
+            processed: self.processed,
+            failed: self.failed,
+            skipped: self.skipped,
+        }
     }
 }
 
@@ -65,7 +70,12 @@ impl DerivedProjection {
     }
 
     pub fn tally(&self) -> Tally {
-        Tally { total: self.total, processed: self.processed, failed: self.failed, skipped: self.skipped }
+        Tally {
+            total: self.total,
+            processed: self.processed,
+            failed: self.failed,
+            skipped: self.skipped,
+        }
     }
 }
 
@@ -87,7 +97,10 @@ pub enum CompletionRepair {
     Clear,
 }
 
-pub fn completion_repair(stored: &StoredProjection, derived: &DerivedProjection) -> CompletionRepair {
+pub fn completion_repair(
+    stored: &StoredProjection,
+    derived: &DerivedProjection,
+) -> CompletionRepair {
     match (stored.completed_at.is_some(), derived.complete) {
         (false, true) => CompletionRepair::Set,
         (true, false) => CompletionRepair::Clear,
@@ -107,7 +120,11 @@ pub fn diff(stored: &StoredProjection, derived: &DerivedProjection) -> Vec<Chang
     let mut changes: Vec<Change> = counters
         .into_iter()
         .filter(|(_, from, to)| from != to)
-        .map(|(field, from, to)| Change { field: field.to_owned(), from: from.into(), to: to.into() })
+        .map(|(field, from, to)| Change {
+            field: field.to_owned(),
+            from: from.into(),
+            to: to.into(),
+        })
         .collect();
     let completed_from = || match stored.completed_at {
         Some(at) => Value::String(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
@@ -181,7 +198,15 @@ mod tests {
 
     #[test]
     fn reconcile_diff_names_every_drifted_field() {
-        let derived = DerivedProjection::from_rows(Tally { total: 3, processed: 2, failed: 1, skipped: 0 }, true);
+        let derived = DerivedProjection::from_rows(
+            Tally {
+                total: 3,
+                processed: 2,
+                failed: 1,
+                skipped: 0,
+            },
+            true,
+        );
         assert!(derived.complete);
         let changes = diff(&stored(99, 0, 0, false), &derived);
         let fields: Vec<_> = changes.iter().map(|c| c.field.as_str()).collect();
@@ -194,7 +219,15 @@ mod tests {
 
     #[test]
     fn premature_completion_is_cleared() {
-        let derived = DerivedProjection::from_rows(Tally { total: 2, processed: 1, failed: 0, skipped: 0 }, true);
+        let derived = DerivedProjection::from_rows(
+            Tally {
+                total: 2,
+                processed: 1,
+                failed: 0,
+                skipped: 0,
+            },
+            true,
+        );
         assert!(!derived.complete);
         let changes = diff(&stored(2, 1, 0, true), &derived);
         assert_eq!(changes.len(), 1);
@@ -205,25 +238,59 @@ mod tests {
 
     #[test]
     fn agreeing_projection_has_no_changes() {
-        let derived = DerivedProjection::from_rows(Tally { total: 2, processed: 2, failed: 0, skipped: 0 }, true);
+        let derived = DerivedProjection::from_rows(
+            Tally {
+                total: 2,
+                processed: 2,
+                failed: 0,
+                skipped: 0,
+            },
+            true,
+        );
         assert!(diff(&stored(2, 2, 0, true), &derived).is_empty());
     }
 
     #[test]
     fn decomposing_parent_never_completes() {
-        assert!(!Tally { total: 0, ..Tally::default() }.is_complete(false));
-        assert!(Tally { total: 0, ..Tally::default() }.is_complete(true));
-        assert!(Tally { total: 2, processed: 1, failed: 0, skipped: 1 }.is_complete(true));
+        assert!(
+            !Tally {
+                total: 0,
+                ..Tally::default()
+            }
+            .is_complete(false)
+        );
+        assert!(
+            Tally {
+                total: 0,
+                ..Tally::default()
+            }
+            .is_complete(true)
+        );
+        assert!(
+            Tally {
+                total: 2,
+                processed: 1,
+                failed: 0,
+                skipped: 1
+            }
+            .is_complete(true)
+        );
     }
 
     #[test]
     fn missing_sequences_from_runs() {
         assert_eq!(missing_sequences(3, None, &[]), [0, 1, 2]);
         // present: 2, 3, 7 with total 9
-        assert_eq!(missing_sequences(9, Some(2), &[(3, Some(7)), (7, None)]), [0, 1, 4, 5, 6, 8]);
+        assert_eq!(
+            missing_sequences(9, Some(2), &[(3, Some(7)), (7, None)]),
+            [0, 1, 4, 5, 6, 8]
+        );
         // complete run: nothing missing
         assert!(missing_sequences(4, Some(0), &[(3, None)]).is_empty());
-        assert_eq!(missing_sequences(1_000_000, None, &[]).len(), SEAL_REPORT_LIMIT);
+        assert_eq!(
+            missing_sequences(1_000_000, None, &[]).len(),
+            SEAL_REPORT_LIMIT
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, Transaction};
 use uuid::Uuid;
 
@@ -16,9 +18,9 @@ use super::{ChildPage, ChildRef, DriftPage, ParentFilter, ParentPage, StoreOptio
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
-    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, ClaimedChild, Conflict, NewChild, OpenCounts,
-    Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName, ReconcileReport, Registration,
-    idempotency_key,
+    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, ClaimedChild, Conflict, NewChild,
+    OpenCounts, Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName,
+    ReconcileReport, Registration, idempotency_key,
 };
 
 /// The database clock, as RFC 3339 UTC text with milliseconds.
@@ -82,7 +84,9 @@ impl SqliteStore {
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        sqlx::migrate!("./migrations/sqlite").run(&self.writer).await?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&self.writer)
+            .await?;
         Ok(())
     }
 
@@ -93,10 +97,11 @@ impl SqliteStore {
 
     pub async fn register(&self, reg: &Registration) -> ApiResult<(bool, Parent)> {
         let mut tx = self.begin().await?;
-        let existing: Option<String> = sqlx::query_scalar("SELECT fingerprint FROM parent WHERE parent_id = ?1")
-            .bind(reg.parent_id.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let existing: Option<String> =
+            sqlx::query_scalar("SELECT fingerprint FROM parent WHERE parent_id = ?1")
+                .bind(reg.parent_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
         if let Some(stored) = existing {
             drop(tx);
             if stored != reg.fingerprint {
@@ -148,7 +153,8 @@ impl SqliteStore {
             Some(true) => return Err(ApiError::ParentDecomposed(parent_id.to_string())),
             Some(false) => {}
         }
-        let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
+        let (inserted, inserted_skipped) =
+            insert_children(&mut tx, parent_id, children, true).await?;
         let differing: Vec<i64> = sqlx::query_scalar(
             "SELECT c.sequence FROM json_each(?2) j \
              JOIN child c ON c.parent_id = ?1 AND c.sequence = j.value ->> 0 \
@@ -169,14 +175,19 @@ impl SqliteStore {
                 sequences: differing,
             });
         }
-        sqlx::query("UPDATE parent SET total = total + ?2, skipped = skipped + ?3 WHERE parent_id = ?1")
-            .bind(parent_id.as_str())
-            .bind(inserted as i64)
-            .bind(inserted_skipped)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE parent SET total = total + ?2, skipped = skipped + ?3 WHERE parent_id = ?1",
+        )
+        .bind(parent_id.as_str())
+        .bind(inserted as i64)
+        .bind(inserted_skipped)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
-        Ok(Appended { inserted, existing: children.len() as u64 - inserted })
+        Ok(Appended {
+            inserted,
+            existing: children.len() as u64 - inserted,
+        })
     }
 
     pub async fn seal(&self, parent_id: &ParentId, total: i64) -> ApiResult<Parent> {
@@ -196,12 +207,13 @@ impl SqliteStore {
         .fetch_one(&mut *tx)
         .await?;
         if below != total || beyond != 0 {
-            let first: Option<i64> =
-                sqlx::query_scalar("SELECT min(sequence) FROM child WHERE parent_id = ?1 AND sequence < ?2")
-                    .bind(parent_id.as_str())
-                    .bind(total)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let first: Option<i64> = sqlx::query_scalar(
+                "SELECT min(sequence) FROM child WHERE parent_id = ?1 AND sequence < ?2",
+            )
+            .bind(parent_id.as_str())
+            .bind(total)
+            .fetch_one(&mut *tx)
+            .await?;
             let gaps: Vec<(i64, Option<i64>)> = sqlx::query_as(
                 "SELECT sequence, next FROM ( \
                      SELECT sequence, lead(sequence) OVER (ORDER BY sequence) AS next \
@@ -221,7 +233,11 @@ impl SqliteStore {
             .bind(projection::SEAL_REPORT_LIMIT as i64)
             .fetch_all(&mut *tx)
             .await?;
-            return Err(ApiError::SealMismatch { total, missing: projection::missing_sequences(total, first, &gaps), extra });
+            return Err(ApiError::SealMismatch {
+                total,
+                missing: projection::missing_sequences(total, first, &gaps),
+                extra,
+            });
         }
         if !decomposed {
             let rows = tally(&mut tx, parent_id).await?;
@@ -246,11 +262,13 @@ impl SqliteStore {
     }
 
     pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> ApiResult<Parent> {
-        let row = sqlx::query(AssertSqlSafe(format!("{PARENT_SELECT} WHERE p.parent_id = ?1")))
-            .bind(parent_id.as_str())
-            .fetch_optional(&self.readers)
-            .await?
-            .ok_or_else(|| not_found_parent(parent_id))?;
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "{PARENT_SELECT} WHERE p.parent_id = ?1"
+        )))
+        .bind(parent_id.as_str())
+        .fetch_optional(&self.readers)
+        .await?
+        .ok_or_else(|| not_found_parent(parent_id))?;
         Ok(parent_from_row(&row, include_payload)?)
     }
 
@@ -282,8 +300,13 @@ impl SqliteStore {
             positions.push(row.try_get::<i64, _>("position")?);
             parents.push(parent_from_row(row, false)?);
         }
-        let next_position = (rows.len() as i64 > filter.limit).then(|| positions.last().copied()).flatten();
-        Ok(ParentPage { parents, next_position })
+        let next_position = (rows.len() as i64 > filter.limit)
+            .then(|| positions.last().copied())
+            .flatten();
+        Ok(ParentPage {
+            parents,
+            next_position,
+        })
     }
 
     pub async fn children(
@@ -307,9 +330,18 @@ impl SqliteStore {
         if rows.is_empty() {
             self.parent_exists(parent_id).await?;
         }
-        let children = rows.iter().take(limit as usize).map(child_from_row).collect::<Result<Vec<_>, _>>()?;
-        let next_after = (rows.len() as i64 > limit).then(|| children.last().map(|c| c.sequence)).flatten();
-        Ok(ChildPage { children, next_after })
+        let children = rows
+            .iter()
+            .take(limit as usize)
+            .map(child_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_after = (rows.len() as i64 > limit)
+            .then(|| children.last().map(|c| c.sequence))
+            .flatten();
+        Ok(ChildPage {
+            children,
+            next_after,
+        })
     }
 
     async fn parent_exists(&self, parent_id: &ParentId) -> ApiResult<()> {
@@ -383,11 +415,18 @@ impl SqliteStore {
                 previous_attempt: previous.as_deref().map(parse_column).transpose()?,
             });
         }
-        children.sort_by(|a, b| (&a.parent_id, a.sequence).cmp(&(&b.parent_id, b.sequence)));
-        Ok(Claim { claim_id: request.claim_id, lease_expires_at, children })
+        Ok(Claim {
+            claim_id: request.claim_id,
+            lease_expires_at,
+            children,
+        })
     }
 
-    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
+    pub async fn extend(
+        &self,
+        claim_id: Uuid,
+        lease_seconds: i64,
+    ) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
         let mut tx = self.begin().await?;
         let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(concat!(
             "UPDATE child SET lease_expires_at = ",
@@ -404,9 +443,17 @@ impl SqliteStore {
         Ok((rows.len() as u64, rows.into_iter().max()))
     }
 
-    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
-        let named: Vec<(&str, i64)> =
-            children.unwrap_or_default().iter().map(|c| (c.parent_id.as_str(), c.sequence)).collect();
+    pub async fn release(
+        &self,
+        claim_id: Uuid,
+        children: Option<&[ChildRef]>,
+        delay_seconds: i64,
+    ) -> ApiResult<u64> {
+        let named: Vec<(&str, i64)> = children
+            .unwrap_or_default()
+            .iter()
+            .map(|c| (c.parent_id.as_str(), c.sequence))
+            .collect();
         let mut tx = self.begin().await?;
         let released = sqlx::query(concat!(
             "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
@@ -442,12 +489,21 @@ impl SqliteStore {
         tx.commit().await?;
         match (retried, child.state) {
             (1, _) | (_, ChildState::Pending) => Ok(child),
-            _ => Err(ApiError::RetryConflict { child: Box::new(child) }),
+            _ => Err(ApiError::RetryConflict {
+                child: Box::new(child),
+            }),
         }
     }
 
     pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
-        let input: Vec<(&str, i64, &str, Option<&str>, Option<&Value>, Option<String>)> = writes
+        let input: Vec<(
+            &str,
+            i64,
+            &str,
+            Option<&str>,
+            Option<&Value>,
+            Option<String>,
+        )> = writes
             .iter()
             .map(|w| {
                 (
@@ -477,7 +533,7 @@ impl SqliteStore {
              WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
                AND c.state IN ('pending', 'in_flight', 'held') \
                AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
-             RETURNING c.parent_id, c.sequence, c.state"
+             RETURNING parent_id, sequence, state"
         ))
         .bind(&input)
         .fetch_all(&mut *tx)
@@ -517,7 +573,9 @@ impl SqliteStore {
                 statuses[i] = match found.get(&(i as i64)).cloned().unwrap_or((None, None)) {
                     (None, _) | (_, None) => OutcomeStatus::NotFound,
                     (Some(false), _) => OutcomeStatus::NotDecomposed,
-                    (Some(true), Some(state)) if state == write.outcome.as_str() => OutcomeStatus::Duplicate,
+                    (Some(true), Some(state)) if state == write.outcome.as_str() => {
+                        OutcomeStatus::Duplicate
+                    }
                     (Some(true), Some(_)) => OutcomeStatus::Conflict,
                 };
                 if statuses[i] == OutcomeStatus::Conflict {
@@ -529,7 +587,11 @@ impl SqliteStore {
         Ok(statuses)
     }
 
-    pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> ApiResult<ReconcileReport> {
+    pub async fn reconcile(
+        &self,
+        parent_id: &ParentId,
+        dry_run: bool,
+    ) -> ApiResult<ReconcileReport> {
         let mut tx = self.begin().await?;
         let row = sqlx::query(
             "SELECT total, processed, failed, skipped, completed_at, decomposed_at IS NOT NULL AS decomposed \
@@ -546,7 +608,10 @@ impl SqliteStore {
             skipped: row.try_get("skipped")?,
             completed_at: row.try_get("completed_at")?,
         };
-        let derived = DerivedProjection::from_rows(tally(&mut tx, parent_id).await?, row.try_get("decomposed")?);
+        let derived = DerivedProjection::from_rows(
+            tally(&mut tx, parent_id).await?,
+            row.try_get("decomposed")?,
+        );
         let changes = projection::diff(&stored, &derived);
         let apply = !dry_run && !changes.is_empty();
         if apply {
@@ -568,7 +633,14 @@ impl SqliteStore {
             .await?;
         }
         tx.commit().await?;
-        Ok(ReconcileReport { parent_id: parent_id.clone(), dry_run, applied: apply, stored, derived, changes })
+        Ok(ReconcileReport {
+            parent_id: parent_id.clone(),
+            dry_run,
+            applied: apply,
+            stored,
+            derived,
+            changes,
+        })
     }
 
     pub(crate) async fn drift_candidates(
@@ -595,7 +667,10 @@ impl SqliteStore {
         .bind(page)
         .fetch_all(&self.readers)
         .await?;
-        let mut result = DriftPage { checked: rows.len() as u64, drifted: Vec::new() };
+        let mut result = DriftPage {
+            checked: rows.len() as u64,
+            drifted: Vec::new(),
+        };
         let mut last = None;
         for row in &rows {
             last = Some(row.try_get::<i64, _>("position")?);
@@ -613,7 +688,9 @@ impl SqliteStore {
             };
             let completed: bool = row.try_get("completed")?;
             if stored != derived || completed != derived.is_complete(row.try_get("decomposed")?) {
-                result.drifted.push(ParentId::from_ledger(row.try_get("parent_id")?));
+                result
+                    .drifted
+                    .push(ParentId::from_ledger(row.try_get("parent_id")?));
             }
         }
         let more = (rows.len() as i64 == page).then_some(last).flatten();
@@ -644,7 +721,7 @@ impl SqliteStore {
                  SELECT parent_id, sequence FROM child \
                  WHERE state = 'in_flight' AND lease_expires_at <= {now} {scope_filter} \
                  ORDER BY lease_expires_at LIMIT ?1) \
-             RETURNING c.parent_id, c.state",
+             RETURNING parent_id, state",
             now = now!()
         )))
         .bind(batch)
@@ -663,12 +740,16 @@ impl SqliteStore {
     }
 
     pub async fn execute_raw(&self, sql: &str) -> anyhow::Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&self.writer).await?;
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(&self.writer)
+            .await?;
         Ok(())
     }
 
     pub async fn count_raw(&self, sql: &str) -> anyhow::Result<i64> {
-        Ok(sqlx::query_scalar(AssertSqlSafe(sql.to_owned())).fetch_one(&self.readers).await?)
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.readers)
+            .await?)
     }
 }
 
@@ -679,8 +760,10 @@ fn not_found_parent(parent_id: &ParentId) -> ApiError {
 /// Children as one compact JSON array of `[sequence, key, payload, skip]`, so a
 /// whole registration is written by one statement reading `json_each`.
 fn children_json(children: &[NewChild]) -> String {
-    let rows: Vec<(i64, Option<&str>, &Value, Option<&str>)> =
-        children.iter().map(|c| (c.sequence, c.key.as_deref(), &c.payload, c.skip.as_deref())).collect();
+    let rows: Vec<(i64, Option<&str>, &Value, Option<&str>)> = children
+        .iter()
+        .map(|c| (c.sequence, c.key.as_deref(), &c.payload, c.skip.as_deref()))
+        .collect();
     serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned())
 }
 
@@ -693,7 +776,11 @@ async fn insert_children(
     if children.is_empty() {
         return Ok((0, 0));
     }
-    let on_conflict = if idempotent { "ON CONFLICT (parent_id, sequence) DO NOTHING" } else { "" };
+    let on_conflict = if idempotent {
+        "ON CONFLICT (parent_id, sequence) DO NOTHING"
+    } else {
+        ""
+    };
     let states: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at) \
          SELECT ?1, value ->> 0, value ->> 1, value -> 2, \
@@ -721,14 +808,25 @@ async fn insert_children(
 }
 
 async fn tally(tx: &mut Transaction<'_, Sqlite>, parent_id: &ParentId) -> ApiResult<Tally> {
-    let (total, processed, failed, skipped): (i64, i64, i64, i64) =
-        sqlx::query_as(TERMINAL_TALLY).bind(parent_id.as_str()).fetch_one(&mut **tx).await?;
-    Ok(Tally { total, processed, failed, skipped })
+    let (total, processed, failed, skipped): (i64, i64, i64, i64) = sqlx::query_as(TERMINAL_TALLY)
+        .bind(parent_id.as_str())
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(Tally {
+        total,
+        processed,
+        failed,
+        skipped,
+    })
 }
 
 /// Adds terminal counts to a parent's projection, completing it when the last
 /// child went terminal.
-async fn bump_parent(tx: &mut Transaction<'_, Sqlite>, parent_id: &str, delta: &Tally) -> ApiResult<()> {
+async fn bump_parent(
+    tx: &mut Transaction<'_, Sqlite>,
+    parent_id: &str,
+    delta: &Tally,
+) -> ApiResult<()> {
     sqlx::query(concat!(
         "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
              completed_at = CASE WHEN completed_at IS NULL AND decomposed_at IS NOT NULL \
@@ -782,12 +880,14 @@ where
 /// Reads a JSON text column.
 fn json_column(row: &SqliteRow, column: &str) -> Result<Option<Value>, sqlx::Error> {
     let text: Option<String> = row.try_get(column)?;
-    text.map(|t| serde_json::from_str(&t).map_err(|e| sqlx::Error::Decode(e.into()))).transpose()
+    text.map(|t| serde_json::from_str(&t).map_err(|e| sqlx::Error::Decode(e.into())))
+        .transpose()
 }
 
 fn uuid_column(row: &SqliteRow, column: &str) -> Result<Option<Uuid>, sqlx::Error> {
     let text: Option<String> = row.try_get(column)?;
-    text.map(|t| Uuid::parse_str(&t).map_err(|e| sqlx::Error::Decode(e.into()))).transpose()
+    text.map(|t| Uuid::parse_str(&t).map_err(|e| sqlx::Error::Decode(e.into())))
+        .transpose()
 }
 
 fn parent_from_row(row: &SqliteRow, include_payload: bool) -> Result<Parent, sqlx::Error> {

@@ -59,7 +59,11 @@ pub async fn postgres_available() -> bool {
     let reachable = *REACHABLE
         .get_or_init(|| async {
             matches!(
-                tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&admin_url())).await,
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    sqlx::PgConnection::connect(&admin_url())
+                )
+                .await,
                 Ok(Ok(_))
             )
         })
@@ -109,9 +113,16 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 }
 
 pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        ))
+        .with_test_writer()
+        .try_init();
     let (database_url, dir) = match backend {
         Backend::Sqlite => {
-            let dir = std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
+            let dir =
+                std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
             std::fs::create_dir_all(&dir).unwrap();
             let url = format!("sqlite://{}", dir.join("ledger.db").display());
             (url, Some(TempDir(dir)))
@@ -175,7 +186,13 @@ impl TestApp {
     }
 
     /// Sends a raw body with the given content type.
-    pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Reply {
         let req = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -227,5 +244,7 @@ impl TestApp {
 
 /// A registration body with `n` children whose payload is `{"n": i}`.
 pub fn children(n: usize) -> Vec<Value> {
-    (0..n).map(|i| serde_json::json!({"payload": {"n": i}})).collect()
+    (0..n)
+        .map(|i| serde_json::json!({"payload": {"n": i}}))
+        .collect()
 }
