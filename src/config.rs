@@ -27,12 +27,7 @@ pub enum Command {
 #[derive(Debug, Clone, Parser)]
 pub struct Config {
     /// Address to serve HTTP on.
-    #[arg(
-        long,
-        env = "LEDGER_LISTEN",
-        default_value = "127.0.0.1:8080",
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:8080", global = true)]
     pub listen: SocketAddr,
     /// `sqlite://path` (created if missing) or `postgres://...`.
     #[arg(
@@ -43,28 +38,13 @@ pub struct Config {
     )]
     pub database_url: String,
     /// Most database connections this process opens.
-    #[arg(
-        long,
-        env = "LEDGER_DB_MAX_CONNECTIONS",
-        default_value_t = 16,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
     pub db_max_connections: u32,
     /// How often expired leases are swept to pending, held or failed.
-    #[arg(
-        long,
-        env = "LEDGER_REAP_INTERVAL_MS",
-        default_value_t = 1000,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000, global = true)]
     pub reap_interval_ms: u64,
     /// Longest a request may run before it is answered 503.
-    #[arg(
-        long,
-        env = "LEDGER_REQUEST_TIMEOUT_SECONDS",
-        default_value_t = 60,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60, global = true)]
     pub request_timeout_seconds: u64,
     #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
@@ -99,36 +79,16 @@ pub struct Limits {
     )]
     pub max_children_per_request: usize,
     /// Largest claim `limit`.
-    #[arg(
-        long,
-        env = "LEDGER_MAX_CLAIM_LIMIT",
-        default_value_t = 1000,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_MAX_CLAIM_LIMIT", default_value_t = 1000, global = true)]
     pub max_claim_limit: i64,
     /// Lease given when a claim names none.
-    #[arg(
-        long,
-        env = "LEDGER_DEFAULT_LEASE_SECONDS",
-        default_value_t = 300,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_DEFAULT_LEASE_SECONDS", default_value_t = 300, global = true)]
     pub default_lease_seconds: i64,
     /// Longest lease a claim or extend may ask for.
-    #[arg(
-        long,
-        env = "LEDGER_MAX_LEASE_SECONDS",
-        default_value_t = 86_400,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_MAX_LEASE_SECONDS", default_value_t = 86_400, global = true)]
     pub max_lease_seconds: i64,
     /// Most outcomes in one batch.
-    #[arg(
-        long,
-        env = "LEDGER_MAX_OUTCOMES_PER_REQUEST",
-        default_value_t = 1000,
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_MAX_OUTCOMES_PER_REQUEST", default_value_t = 1000, global = true)]
     pub max_outcomes_per_request: usize,
 }
 
@@ -157,23 +117,16 @@ mod tests {
         let parsed = cli.config.limits;
         let default = Limits::default();
         assert_eq!(parsed.max_body_bytes, default.max_body_bytes);
-        assert_eq!(
-            parsed.max_children_per_request,
-            default.max_children_per_request
-        );
+        assert_eq!(parsed.max_children_per_request, default.max_children_per_request);
         assert_eq!(parsed.max_claim_limit, default.max_claim_limit);
         assert_eq!(parsed.default_lease_seconds, default.default_lease_seconds);
         assert_eq!(parsed.max_lease_seconds, default.max_lease_seconds);
-        assert_eq!(
-            parsed.max_outcomes_per_request,
-            default.max_outcomes_per_request
-        );
+        assert_eq!(parsed.max_outcomes_per_request, default.max_outcomes_per_request);
     }
 
     #[test]
     fn serve_subcommand_is_accepted() {
-        let cli =
-            Cli::try_parse_from(["child-ledger", "serve", "--listen", "0.0.0.0:9000"]).unwrap();
+        let cli = Cli::try_parse_from(["child-ledger", "serve", "--listen", "0.0.0.0:9000"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Serve)));
         assert_eq!(cli.config.listen.port(), 9000);
     }

@@ -36,9 +36,7 @@ pub enum ApiError {
     ChildrenConflict { detail: String, sequences: Vec<i64> },
     #[error("{0}")]
     DuplicateKey(String),
-    #[error(
-        "parent {0} is decomposed: its ledger is the only source of truth and is not appended to"
-    )]
+    #[error("parent {0} is decomposed: its ledger is the only source of truth and is not appended to")]
     ParentDecomposed(String),
     #[error("parent {0} is still decomposing: seal it before recording outcomes")]
     ParentDecomposing(String),
@@ -101,9 +99,7 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::MalformedJson { .. } => "malformed-json",
-            Self::InvalidField { status, .. } if *status == StatusCode::BAD_REQUEST => {
-                "invalid-parameter"
-            }
+            Self::InvalidField { status, .. } if *status == StatusCode::BAD_REQUEST => "invalid-parameter",
             Self::InvalidField { .. } => "invalid-field",
             Self::UnsupportedMediaType(_) => "unsupported-media-type",
             Self::BodyTooLarge { .. } => "body-too-large",
@@ -148,15 +144,9 @@ impl ApiError {
     pub fn problem(&self) -> Problem {
         let detail = match self {
             // Never leak internals: the log has them.
-            Self::Internal(_) => {
-                "the server failed to handle this request; it has been logged".to_owned()
-            }
+            Self::Internal(_) => "the server failed to handle this request; it has been logged".to_owned(),
             Self::Unavailable(_) => "the database did not answer; retry later".to_owned(),
-            Self::SealMismatch {
-                total,
-                missing,
-                extra,
-            } => format!(
+            Self::SealMismatch { total, missing, extra } => format!(
                 "seal with total {total} needs exactly sequences 0..{}: {} missing, {} extra (first {} of each listed)",
                 total - 1,
                 missing.len(),
@@ -179,9 +169,7 @@ impl ApiError {
                 problem.missing = Some(missing.clone());
                 problem.extra = Some(extra.clone());
             }
-            Self::OutcomeConflict { child } | Self::RetryConflict { child } => {
-                problem.child = Some(child.clone())
-            }
+            Self::OutcomeConflict { child } | Self::RetryConflict { child } => problem.child = Some(child.clone()),
             _ => {}
         }
         problem
@@ -239,10 +227,9 @@ impl IntoResponse for ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
         match err {
-            sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_) => Self::Unavailable(err),
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+                Self::Unavailable(err)
+            }
             other => Self::Internal(anyhow::Error::new(other)),
         }
     }

@@ -21,11 +21,7 @@ async fn register(app: &TestApp, parent: &str, queue: &str, n: usize) {
 
 /// Claims chunks of 7 from `url` until a claim comes back empty; returns every
 /// `(parent_id, sequence)` this worker received.
-async fn claim_until_empty(
-    client: reqwest::Client,
-    url: String,
-    worker: String,
-) -> Vec<(String, u64)> {
+async fn claim_until_empty(client: reqwest::Client, url: String, worker: String) -> Vec<(String, u64)> {
     let mut got = Vec::new();
     for _ in 0..1000 {
         let resp = client
@@ -55,12 +51,7 @@ async fn claim_until_empty(
 
 /// Runs `workers` concurrent claimers against `path` and checks that together
 /// they received exactly `expected`, each child once.
-async fn claim_concurrently(
-    app: &TestApp,
-    path: &str,
-    workers: usize,
-    expected: &BTreeSet<(String, u64)>,
-) {
+async fn claim_concurrently(app: &TestApp, path: &str, workers: usize, expected: &BTreeSet<(String, u64)>) {
     let tasks: Vec<_> = (0..workers)
         .map(|w| {
             tokio::spawn(claim_until_empty(
@@ -81,19 +72,12 @@ async fn claim_concurrently(
         "{} duplicate hand-outs",
         all.len() - unique.len()
     );
-    assert_eq!(
-        &unique, expected,
-        "claimers together cover every child exactly once"
-    );
+    assert_eq!(&unique, expected, "claimers together cover every child exactly once");
 
     // Everything is under a live lease now.
     let r = app.post(path, json!({"limit": 1000})).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
-    assert_eq!(
-        r.body["children"],
-        json!([]),
-        "nothing left to claim: {r:?}"
-    );
+    assert_eq!(r.body["children"], json!([]), "nothing left to claim: {r:?}");
 }
 
 async fn parent_claimers(backend: Backend, workers: usize) {
@@ -138,10 +122,7 @@ async fn conflicting_outcomes(backend: Backend) {
     let app = spawn_app(backend).await;
     register(&app, "P-race", "events", 1).await;
     let r = app
-        .post(
-            "/v1/parents/P-race/claims",
-            json!({"limit": 1, "lease_seconds": 300}),
-        )
+        .post("/v1/parents/P-race/claims", json!({"limit": 1, "lease_seconds": 300}))
         .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body["children"][0]["sequence"], 0, "{r:?}");
@@ -159,12 +140,7 @@ async fn conflicting_outcomes(backend: Backend) {
                 json!({"outcome": "failed", "reason": "remote said no", "claim_id": claim_id})
             };
             tokio::spawn(async move {
-                let resp = client
-                    .post(&url)
-                    .json(&body)
-                    .send()
-                    .await
-                    .expect("outcome request");
+                let resp = client.post(&url).json(&body).send().await.expect("outcome request");
                 let status = resp.status();
                 let content_type = resp
                     .headers()
@@ -197,31 +173,17 @@ async fn conflicting_outcomes(backend: Backend) {
             assert_eq!(mine, winner);
             assert_eq!(body["child"]["state"], winner, "{body}");
         } else if mine == winner {
-            assert_eq!(
-                *status,
-                StatusCode::OK,
-                "same outcome again is a duplicate: {body}"
-            );
+            assert_eq!(*status, StatusCode::OK, "same outcome again is a duplicate: {body}");
             assert_eq!(body["applied"], false, "{body}");
             assert_eq!(body["child"]["state"], winner, "{body}");
             duplicates += 1;
         } else {
-            assert_eq!(
-                *status,
-                StatusCode::CONFLICT,
-                "different outcome conflicts: {body}"
-            );
-            assert!(
-                content_type.starts_with("application/problem+json"),
-                "{content_type}"
-            );
+            assert_eq!(*status, StatusCode::CONFLICT, "different outcome conflicts: {body}");
+            assert!(content_type.starts_with("application/problem+json"), "{content_type}");
             let kind = body["type"].as_str().expect("problem type");
             assert!(kind.ends_with("outcome-conflict"), "{body}");
             assert_eq!(body["status"], 409, "{body}");
-            assert!(
-                body["child"].is_object(),
-                "conflict carries the child: {body}"
-            );
+            assert!(body["child"].is_object(), "conflict carries the child: {body}");
             assert_eq!(body["child"]["state"], winner, "{body}");
             assert_eq!(body["child"]["outcome"], winner, "{body}");
             conflicts += 1;

@@ -45,9 +45,7 @@ fn sequences(claim: &Value) -> Vec<u64> {
 }
 
 async fn get_child(app: &TestApp, parent: &str, seq: u64) -> Value {
-    let r = app
-        .get(&format!("/v1/parents/{parent}/children/{seq}"))
-        .await;
+    let r = app.get(&format!("/v1/parents/{parent}/children/{seq}")).await;
     assert_eq!(r.status, StatusCode::OK, "GET child {parent}/{seq}: {r:?}");
     r.body
 }
@@ -88,9 +86,7 @@ async fn extend(app: &TestApp, claim_id: &str, lease_seconds: u64) -> Value {
 }
 
 async fn release(app: &TestApp, claim_id: &str, body: Value) -> Value {
-    let r = app
-        .post(&format!("/v1/claims/{claim_id}/release"), body)
-        .await;
+    let r = app.post(&format!("/v1/claims/{claim_id}/release"), body).await;
     assert_eq!(r.status, StatusCode::OK, "release: {r:?}");
     r.body
 }
@@ -116,16 +112,9 @@ async fn lease_expiry_hands_child_out_again(backend: Backend) {
     let child = &second["children"][0];
     assert_eq!(child["attempt"], 2, "{second}");
     assert_eq!(child["previous_attempt"], "expired", "{second}");
-    assert_eq!(
-        child["idempotency_key"], "P/0",
-        "stable across attempts: {second}"
-    );
+    assert_eq!(child["idempotency_key"], "P/0", "stable across attempts: {second}");
     assert_eq!(child["payload"], json!({"n": 0}));
-    assert_ne!(
-        claim_id(&second),
-        claim_id(&first),
-        "each claim call has its own id"
-    );
+    assert_ne!(claim_id(&second), claim_id(&first), "each claim call has its own id");
 
     let stored = get_child(&app, "P", 0).await;
     assert_eq!(stored["state"], "in_flight", "{stored}");
@@ -145,10 +134,7 @@ async fn extend_keeps_the_lease(backend: Backend) {
     let extended = extend(&app, claim_id(&claimed), 5).await;
     assert_eq!(extended["extended"], 2, "{extended}");
     let new_expiry = timestamp(&extended["lease_expires_at"]);
-    assert!(
-        new_expiry > first_expiry,
-        "{new_expiry} is not after {first_expiry}"
-    );
+    assert!(new_expiry > first_expiry, "{new_expiry} is not after {first_expiry}");
 
     tokio::time::sleep(PAST_LEASE).await;
 
@@ -181,11 +167,7 @@ async fn release_returns_children(backend: Backend) {
     assert_eq!(released["released"], 1, "{released}");
 
     let b = claim(&app, "P-rel", 10, 300, "worker-b").await;
-    assert_eq!(
-        sequences(&b),
-        [1],
-        "only the released child is claimable: {b}"
-    );
+    assert_eq!(sequences(&b), [1], "only the released child is claimable: {b}");
     assert_eq!(b["children"][0]["attempt"], 2, "{b}");
     assert_eq!(b["children"][0]["previous_attempt"], "released", "{b}");
 
@@ -205,10 +187,7 @@ async fn release_returns_children(backend: Backend) {
     let released = release(&app, claim_id(&c), json!({"delay_seconds": 3})).await;
     assert_eq!(released["released"], 2, "{released}");
     let d = claim(&app, "P-rel", 10, 300, "worker-d").await;
-    assert!(
-        sequences(&d).is_empty(),
-        "delayed children are not claimable yet: {d}"
-    );
+    assert!(sequences(&d).is_empty(), "delayed children are not claimable yet: {d}");
 
     let parent = get_parent(&app, "P-rel").await;
     assert_eq!(parent["counts"]["pending"], 2, "{parent}");
@@ -249,12 +228,7 @@ async fn stale_claim_is_fenced(backend: Backend) {
 
 async fn attempts_run_out(backend: Backend) {
     let app = spawn_app(backend).await;
-    register(
-        &app,
-        "P-max",
-        json!({"children": children(1), "max_attempts": 2}),
-    )
-    .await;
+    register(&app, "P-max", json!({"children": children(1), "max_attempts": 2})).await;
     assert_eq!(get_parent(&app, "P-max").await["max_attempts"], 2);
 
     let first = claim(&app, "P-max", 10, 1, "worker-a").await;
@@ -264,17 +238,11 @@ async fn attempts_run_out(backend: Backend) {
     let second = claim(&app, "P-max", 10, 1, "worker-b").await;
     assert_eq!(sequences(&second), [0], "{second}");
     assert_eq!(second["children"][0]["attempt"], 2, "{second}");
-    assert_eq!(
-        second["children"][0]["previous_attempt"], "expired",
-        "{second}"
-    );
+    assert_eq!(second["children"][0]["previous_attempt"], "expired", "{second}");
     tokio::time::sleep(PAST_LEASE).await;
 
     let third = claim(&app, "P-max", 10, 300, "worker-c").await;
-    assert!(
-        sequences(&third).is_empty(),
-        "two attempts were all it had: {third}"
-    );
+    assert!(sequences(&third).is_empty(), "two attempts were all it had: {third}");
 
     let child = wait_for_child_state(&app, "P-max", 0, "failed").await;
     assert_eq!(child["reason"], "attempts exhausted", "{child}");
@@ -304,10 +272,7 @@ async fn hold_policy_waits_for_a_decision(backend: Backend) {
     tokio::time::sleep(PAST_LEASE).await;
 
     let again = claim(&app, "P-hold", 10, 300, "worker-b").await;
-    assert!(
-        sequences(&again).is_empty(),
-        "a held child is not handed out: {again}"
-    );
+    assert!(sequences(&again).is_empty(), "a held child is not handed out: {again}");
 
     wait_for_child_state(&app, "P-hold", 0, "held").await;
     let parent = get_parent(&app, "P-hold").await;
@@ -317,9 +282,7 @@ async fn hold_policy_waits_for_a_decision(backend: Backend) {
     assert_eq!(parent["complete"], false, "{parent}");
     assert_eq!(parent["state"], "active", "{parent}");
 
-    let r = app
-        .post("/v1/parents/P-hold/children/0/retry", json!({}))
-        .await;
+    let r = app.post("/v1/parents/P-hold/children/0/retry", json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "retry a held child: {r:?}");
     assert_eq!(get_child(&app, "P-hold", 0).await["state"], "pending");
 
@@ -337,14 +300,9 @@ async fn hold_policy_waits_for_a_decision(backend: Backend) {
     assert_eq!(r.body["applied"], true, "{r:?}");
 
     // Terminal is one-way.
-    let r = app
-        .post("/v1/parents/P-hold/children/0/retry", json!({}))
-        .await;
+    let r = app.post("/v1/parents/P-hold/children/0/retry", json!({})).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
-    assert!(
-        r.content_type.starts_with("application/problem+json"),
-        "{r:?}"
-    );
+    assert!(r.content_type.starts_with("application/problem+json"), "{r:?}");
     assert_eq!(r.body["status"], 409, "{r:?}");
     assert_eq!(get_child(&app, "P-hold", 0).await["state"], "processed");
 }

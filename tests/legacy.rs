@@ -12,38 +12,28 @@ use serde_json::{Value, json};
 const PARENT: &str = "L-legacy";
 
 fn page(sequences: Range<u64>) -> Value {
-    let children: Vec<Value> = sequences
-        .map(|s| json!({"sequence": s, "payload": {"n": s}}))
-        .collect();
+    let children: Vec<Value> = sequences.map(|s| json!({"sequence": s, "payload": {"n": s}})).collect();
     json!({ "children": children })
 }
 
 async fn append(app: &TestApp, body: Value) -> Reply {
-    app.post(&format!("/v1/parents/{PARENT}/children"), body)
-        .await
+    app.post(&format!("/v1/parents/{PARENT}/children"), body).await
 }
 
 async fn seal(app: &TestApp, total: u64) -> Reply {
-    app.post(
-        &format!("/v1/parents/{PARENT}/seal"),
-        json!({ "total": total }),
-    )
-    .await
+    app.post(&format!("/v1/parents/{PARENT}/seal"), json!({ "total": total }))
+        .await
 }
 
 async fn claim(app: &TestApp, path: &str, limit: u64) -> Value {
-    let r = app
-        .post(path, json!({"limit": limit, "lease_seconds": 300}))
-        .await;
+    let r = app.post(path, json!({"limit": limit, "lease_seconds": 300})).await;
     assert_eq!(r.status, StatusCode::OK, "claim {path}: {r:?}");
     r.body
 }
 
 /// Sequences of every child currently in the ledger, via the list endpoint.
 async fn listed_sequences(app: &TestApp) -> Vec<u64> {
-    let r = app
-        .get(&format!("/v1/parents/{PARENT}/children?limit=1000"))
-        .await;
+    let r = app.get(&format!("/v1/parents/{PARENT}/children?limit=1000")).await;
     assert_eq!(r.status, StatusCode::OK, "list children: {r:?}");
     assert!(r.body["next_after"].is_null(), "{r:?}");
     r.body["children"]
@@ -57,10 +47,7 @@ async fn listed_sequences(app: &TestApp) -> Vec<u64> {
 #[track_caller]
 fn assert_problem(r: &Reply, status: StatusCode) {
     assert_eq!(r.status, status, "{r:?}");
-    assert!(
-        r.content_type.starts_with("application/problem+json"),
-        "{r:?}"
-    );
+    assert!(r.content_type.starts_with("application/problem+json"), "{r:?}");
     assert_eq!(r.body["status"], status.as_u16(), "{r:?}");
 }
 
@@ -69,9 +56,7 @@ fn assert_problem(r: &Reply, status: StatusCode) {
 fn names_sequence(body: &Value, n: u64) -> bool {
     fn in_lists(v: &Value, n: u64) -> bool {
         match v {
-            Value::Array(items) => items
-                .iter()
-                .any(|i| i.as_u64() == Some(n) || in_lists(i, n)),
+            Value::Array(items) => items.iter().any(|i| i.as_u64() == Some(n) || in_lists(i, n)),
             Value::Object(fields) => fields.values().any(|f| in_lists(f, n)),
             _ => false,
         }
@@ -98,14 +83,9 @@ async fn legacy_append_and_seal(backend: Backend) {
     assert_eq!(r.body["complete"], false, "{r:?}");
     assert!(r.body["decomposed_at"].is_null(), "{r:?}");
 
-    let r = app
-        .get(&format!("/v1/parents/{PARENT}?include=payload"))
-        .await;
+    let r = app.get(&format!("/v1/parents/{PARENT}?include=payload")).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
-    assert_eq!(
-        r.body["payload"], payload,
-        "the retained payload comes back"
-    );
+    assert_eq!(r.body["payload"], payload, "the retained payload comes back");
     assert_eq!(r.body["state"], "decomposing");
 
     // Nothing is claimable before the parent is decomposed.
@@ -155,37 +135,23 @@ async fn legacy_append_and_seal(backend: Backend) {
         .await;
     assert_problem(&r, StatusCode::CONFLICT);
     assert_eq!(
-        app.get(&format!("/v1/parents/{PARENT}/children/0"))
-            .await
-            .body["state"],
+        app.get(&format!("/v1/parents/{PARENT}/children/0")).await.body["state"],
         "pending"
     );
 
     // A seal must match the ledger exactly.
     let r = seal(&app, 101).await;
     assert_problem(&r, StatusCode::CONFLICT);
-    assert!(
-        names_sequence(&r.body, 100),
-        "names missing sequence 100: {r:?}"
-    );
-    assert!(
-        r.body.to_string().to_lowercase().contains("missing"),
-        "{r:?}"
-    );
+    assert!(names_sequence(&r.body, 100), "names missing sequence 100: {r:?}");
+    assert!(r.body.to_string().to_lowercase().contains("missing"), "{r:?}");
 
     let r = seal(&app, 99).await;
     assert_problem(&r, StatusCode::CONFLICT);
-    assert!(
-        names_sequence(&r.body, 99),
-        "names extra sequence 99: {r:?}"
-    );
+    assert!(names_sequence(&r.body, 99), "names extra sequence 99: {r:?}");
     assert!(r.body.to_string().to_lowercase().contains("extra"), "{r:?}");
 
     let r = app.get(&format!("/v1/parents/{PARENT}")).await;
-    assert_eq!(
-        r.body["state"], "decomposing",
-        "failed seals change nothing: {r:?}"
-    );
+    assert_eq!(r.body["state"], "decomposing", "failed seals change nothing: {r:?}");
 
     let r = seal(&app, 100).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
@@ -195,11 +161,7 @@ async fn legacy_append_and_seal(backend: Backend) {
     assert!(r.body["decomposed_at"].is_string(), "{r:?}");
 
     let r = seal(&app, 100).await;
-    assert_eq!(
-        r.status,
-        StatusCode::OK,
-        "repeating a successful seal: {r:?}"
-    );
+    assert_eq!(r.status, StatusCode::OK, "repeating a successful seal: {r:?}");
     assert_eq!(r.body["state"], "active", "{r:?}");
     assert_eq!(r.body["counts"]["total"], 100, "{r:?}");
 
@@ -210,10 +172,7 @@ async fn legacy_append_and_seal(backend: Backend) {
 
     let claimed = claim(&app, &format!("/v1/parents/{PARENT}/claims"), 10).await;
     let children = claimed["children"].as_array().expect("children");
-    let seqs: Vec<u64> = children
-        .iter()
-        .map(|c| c["sequence"].as_u64().unwrap())
-        .collect();
+    let seqs: Vec<u64> = children.iter().map(|c| c["sequence"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (0..10).collect::<Vec<_>>(), "{claimed}");
     for child in children {
         assert_eq!(child["payload"], json!({"n": child["sequence"]}), "{child}");
@@ -230,11 +189,7 @@ async fn repeated_registration(backend: Backend) {
     assert_eq!(first.body["counts"]["total"], 3);
 
     let again = app.put("/v1/parents/R-1", body.clone()).await;
-    assert_eq!(
-        again.status,
-        StatusCode::OK,
-        "the same registration again: {again:?}"
-    );
+    assert_eq!(again.status, StatusCode::OK, "the same registration again: {again:?}");
     assert_eq!(again.body["parent_id"], "R-1");
     assert_eq!(again.body["counts"], first.body["counts"]);
     assert_eq!(again.body["created_at"], first.body["created_at"]);
@@ -250,10 +205,7 @@ async fn repeated_registration(backend: Backend) {
     for different in [more_children, other_queue, other_child, other_settings] {
         let r = app.put("/v1/parents/R-1", different.clone()).await;
         assert_problem(&r, StatusCode::CONFLICT);
-        assert!(
-            r.body["type"].is_string() && r.body["detail"].is_string(),
-            "{r:?}"
-        );
+        assert!(r.body["type"].is_string() && r.body["detail"].is_string(), "{r:?}");
     }
 
     let r = app.get("/v1/parents/R-1").await;

@@ -35,10 +35,7 @@ async fn outcome(app: &TestApp, parent: &str, seq: u64, outcome: &str, claim_id:
         body["reason"] = json!("it did not work");
     }
     let r = app
-        .post(
-            &format!("/v1/parents/{parent}/children/{seq}/outcome"),
-            body,
-        )
+        .post(&format!("/v1/parents/{parent}/children/{seq}/outcome"), body)
         .await;
     assert_eq!(r.status, StatusCode::OK, "outcome {parent}/{seq}: {r:?}");
     assert_eq!(r.body["applied"], true, "{r:?}");
@@ -125,16 +122,9 @@ async fn reconcile_repairs_drifted_counters(backend: Backend) {
         json!({"field": "completed_at", "from": null, "to": "set"}),
     ];
     for change in &expected {
-        assert!(
-            found.contains(change),
-            "missing change {change} in {report}"
-        );
+        assert!(found.contains(change), "missing change {change} in {report}");
     }
-    assert_eq!(
-        found.len(),
-        expected.len(),
-        "only drifted fields are listed: {report}"
-    );
+    assert_eq!(found.len(), expected.len(), "only drifted fields are listed: {report}");
 
     // A dry run writes nothing.
     let parent = get_parent(&app, "P-rec").await;

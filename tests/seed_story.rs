@@ -34,18 +34,12 @@ async fn claim(app: &TestApp, limit: u64, lease_seconds: u64) -> Value {
         )
         .await;
     assert_eq!(r.status, StatusCode::OK, "claim: {r:?}");
-    assert!(
-        r.body["children"].is_array(),
-        "claim without a children list: {r:?}"
-    );
+    assert!(r.body["children"].is_array(), "claim without a children list: {r:?}");
     r.body
 }
 
 fn claim_id(claim: &Value) -> String {
-    claim["claim_id"]
-        .as_str()
-        .expect("claim_id is a string")
-        .to_owned()
+    claim["claim_id"].as_str().expect("claim_id is a string").to_owned()
 }
 
 fn sequences(claim: &Value) -> Vec<u64> {
@@ -80,10 +74,7 @@ async fn post_outcomes_one_by_one(app: &TestApp, work: &[(u64, bool)], claim_id:
         assert_eq!(child["parent_id"], PARENT);
         assert_eq!(child["sequence"], seq);
         assert_eq!(child["state"], if failed { "failed" } else { "processed" });
-        assert_eq!(
-            child["outcome"],
-            if failed { "failed" } else { "processed" }
-        );
+        assert_eq!(child["outcome"], if failed { "failed" } else { "processed" });
     }
 }
 
@@ -142,11 +133,7 @@ async fn seed_story(backend: Backend) {
     for chunk in 0..6u64 {
         let claimed = claim(&app, 100, 1).await;
         let expected: Vec<u64> = (chunk * 100..(chunk + 1) * 100).collect();
-        assert_eq!(
-            sequences(&claimed),
-            expected,
-            "lowest sequences first, chunk {chunk}"
-        );
+        assert_eq!(sequences(&claimed), expected, "lowest sequences first, chunk {chunk}");
         assert!(claimed["lease_expires_at"].is_string(), "{claimed}");
         for child in claimed["children"].as_array().unwrap() {
             let seq = child["sequence"].as_u64().unwrap();
@@ -187,8 +174,7 @@ async fn seed_story(backend: Backend) {
     assert_eq!(crashed["counts"]["failed"], 12);
     assert_eq!(crashed["counts"]["skipped"], 0);
     assert_eq!(crashed["counts"]["held"], 0);
-    let open = crashed["counts"]["pending"].as_u64().unwrap()
-        + crashed["counts"]["in_flight"].as_u64().unwrap();
+    let open = crashed["counts"]["pending"].as_u64().unwrap() + crashed["counts"]["in_flight"].as_u64().unwrap();
     assert_eq!(open, 415, "{crashed}");
     assert!(crashed["completed_at"].is_null());
 
@@ -198,11 +184,7 @@ async fn seed_story(backend: Backend) {
     let mut resumed: BTreeMap<u64, Value> = BTreeMap::new();
     let mut claims: Vec<(String, Vec<u64>)> = Vec::new();
     loop {
-        assert!(
-            claims.len() < 10,
-            "resume never drained: {} claims",
-            claims.len()
-        );
+        assert!(claims.len() < 10, "resume never drained: {} claims", claims.len());
         let claimed = claim(&app, 1000, 300).await;
         let seqs = sequences(&claimed);
         if seqs.is_empty() {
@@ -226,10 +208,7 @@ async fn seed_story(backend: Backend) {
     assert_eq!(abandoned.len(), 15);
     let expected: BTreeSet<u64> = abandoned.iter().copied().chain(FIRST_RUN..TOTAL).collect();
     let got: BTreeSet<u64> = resumed.keys().copied().collect();
-    assert!(
-        got.is_disjoint(&terminal),
-        "a terminal child was handed out again"
-    );
+    assert!(got.is_disjoint(&terminal), "a terminal child was handed out again");
     assert_eq!(
         got, expected,
         "resumed set is the abandoned 15 plus the never-dispatched 400"
@@ -241,16 +220,10 @@ async fn seed_story(backend: Backend) {
         assert_eq!(child["payload"], json!({ "n": seq }));
         if abandoned.contains(&seq) {
             assert_eq!(child["attempt"], 2, "abandoned child {seq}: {child}");
-            assert_eq!(
-                child["previous_attempt"], "expired",
-                "abandoned child {seq}: {child}"
-            );
+            assert_eq!(child["previous_attempt"], "expired", "abandoned child {seq}: {child}");
         } else {
             assert_eq!(child["attempt"], 1, "fresh child {seq}: {child}");
-            assert!(
-                child["previous_attempt"].is_null(),
-                "fresh child {seq}: {child}"
-            );
+            assert!(child["previous_attempt"].is_null(), "fresh child {seq}: {child}");
         }
     }
 
@@ -294,10 +267,7 @@ async fn seed_story(backend: Backend) {
             assert_eq!(child["state"], "failed", "{child}");
             assert_eq!(child["outcome"], "failed", "{child}");
             assert_eq!(child["reason"], FAILURE_REASON, "{child}");
-            assert_eq!(
-                child["idempotency_key"],
-                format!("{PARENT}/{}", child["sequence"])
-            );
+            assert_eq!(child["idempotency_key"], format!("{PARENT}/{}", child["sequence"]));
             listed.push(child["sequence"].as_u64().expect("sequence"));
         }
         match r.body["next_after"].as_u64() {

@@ -53,24 +53,14 @@ pub struct ClaimChildren {
 
 async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
     let limits = &state.limits;
-    let limit = in_range(
-        "limit",
-        body.limit.unwrap_or(100),
-        1,
-        limits.max_claim_limit,
-    )?;
+    let limit = in_range("limit", body.limit.unwrap_or(100), 1, limits.max_claim_limit)?;
     let lease_seconds = in_range(
         "lease_seconds",
         body.lease_seconds.unwrap_or(limits.default_lease_seconds),
         1,
         limits.max_lease_seconds,
     )?;
-    let wait_seconds = in_range(
-        "wait_seconds",
-        body.wait_seconds.unwrap_or(0),
-        0,
-        MAX_WAIT_SECONDS,
-    )?;
+    let wait_seconds = in_range("wait_seconds", body.wait_seconds.unwrap_or(0), 0, MAX_WAIT_SECONDS)?;
     if let Some(worker) = &body.worker {
         max_chars("worker", worker, 200)?;
     }
@@ -255,18 +245,8 @@ async fn release_claim(
     let children = match body.children {
         None => None,
         Some(children) => {
-            in_range(
-                "children",
-                children.len(),
-                1,
-                state.limits.max_claim_limit as usize,
-            )
-            .map_err(|_| {
-                crate::error::ApiError::invalid(
-                    "children",
-                    "must name 1-1000 children, or be omitted",
-                )
-            })?;
+            in_range("children", children.len(), 1, state.limits.max_claim_limit as usize)
+                .map_err(|_| crate::error::ApiError::invalid("children", "must name 1-1000 children, or be omitted"))?;
             let mut refs = Vec::with_capacity(children.len());
             for (i, c) in children.into_iter().enumerate() {
                 in_range(&format!("children[{i}].sequence"), c.sequence, 0, i64::MAX)?;

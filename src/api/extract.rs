@@ -58,14 +58,8 @@ where
 }
 
 fn is_json(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// Deserializes JSON, reporting the path of the field at fault.
@@ -75,19 +69,10 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         let field = err.path().to_string();
         let inner = err.into_inner();
         match inner.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                ApiError::MalformedJson {
-                    detail: format!("the body is not valid JSON: {inner}"),
-                }
-            }
-            _ => ApiError::invalid(
-                if field == "." {
-                    "body".to_owned()
-                } else {
-                    field
-                },
-                inner.to_string(),
-            ),
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => ApiError::MalformedJson {
+                detail: format!("the body is not valid JSON: {inner}"),
+            },
+            _ => ApiError::invalid(if field == "." { "body".to_owned() } else { field }, inner.to_string()),
         }
     })?;
     de.end().map_err(|err| ApiError::MalformedJson {
@@ -109,19 +94,17 @@ where
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
         let de = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
-        serde_path_to_error::deserialize(de)
-            .map(AppQuery)
-            .map_err(|err| {
-                let field = err.path().to_string();
-                let detail = err.into_inner().to_string();
-                // A missing or unknown parameter is named in the message itself.
-                let field = if field == "." {
-                    parameter_in(&detail).unwrap_or("query").to_owned()
-                } else {
-                    field
-                };
-                ApiError::bad_request(field, detail)
-            })
+        serde_path_to_error::deserialize(de).map(AppQuery).map_err(|err| {
+            let field = err.path().to_string();
+            let detail = err.into_inner().to_string();
+            // A missing or unknown parameter is named in the message itself.
+            let field = if field == "." {
+                parameter_in(&detail).unwrap_or("query").to_owned()
+            } else {
+                field
+            };
+            ApiError::bad_request(field, detail)
+        })
     }
 }
 
@@ -155,8 +138,7 @@ pub fn sequence_param(raw: &str) -> Result<i64, ApiError> {
 }
 
 pub fn claim_id_param(raw: &str) -> Result<uuid::Uuid, ApiError> {
-    uuid::Uuid::parse_str(raw)
-        .map_err(|e| ApiError::bad_request("claim_id", format!("must be a uuid: {e}")))
+    uuid::Uuid::parse_str(raw).map_err(|e| ApiError::bad_request("claim_id", format!("must be a uuid: {e}")))
 }
 
 /// Checks a number against an inclusive range, naming the field when it is out.
@@ -202,8 +184,7 @@ mod tests {
 
     #[test]
     fn json_errors_name_the_field() {
-        let err = parse_json::<Body>(br#"{"children": [{"sequence": 1}, {"sequence": "x"}]}"#)
-            .unwrap_err();
+        let err = parse_json::<Body>(br#"{"children": [{"sequence": 1}, {"sequence": "x"}]}"#).unwrap_err();
         match err {
             ApiError::InvalidField { field, .. } => assert_eq!(field, "children[1].sequence"),
             other => panic!("unexpected {other:?}"),

@@ -99,16 +99,12 @@ async fn problem_for_every_error(request: Request, next: Next) -> Response {
         StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed(format!("{method} {path}")),
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge { limit: 0 },
         StatusCode::NOT_FOUND => ApiError::RouteNotFound(format!("{method} {path}")),
-        StatusCode::REQUEST_TIMEOUT
-        | StatusCode::SERVICE_UNAVAILABLE
-        | StatusCode::GATEWAY_TIMEOUT => ApiError::Internal(anyhow::anyhow!(
-            "{method} {path} answered {status} by a layer"
-        )),
+        StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+            ApiError::Internal(anyhow::anyhow!("{method} {path} answered {status} by a layer"))
+        }
         other => {
             let (_, body) = response.into_parts();
-            let bytes = axum::body::to_bytes(body, 64 * 1024)
-                .await
-                .unwrap_or_default();
+            let bytes = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
             let detail = String::from_utf8_lossy(&bytes).into_owned();
             let mut problem = Problem {
                 r#type: "/problems/http-error".to_owned(),
@@ -120,11 +116,7 @@ async fn problem_for_every_error(request: Request, next: Next) -> Response {
             if problem.detail.is_empty() {
                 problem.detail = problem.title.clone();
             }
-            let mut response = (
-                other,
-                Body::from(serde_json::to_vec(&problem).unwrap_or_default()),
-            )
-                .into_response();
+            let mut response = (other, Body::from(serde_json::to_vec(&problem).unwrap_or_default())).into_response();
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 header::HeaderValue::from_static("application/problem+json"),

@@ -98,9 +98,7 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let response = next.run(request).await;
-    state
-        .metrics
-        .record(&method, &route, response.status().as_u16());
+    state.metrics.record(&method, &route, response.status().as_u16());
     response
 }
 

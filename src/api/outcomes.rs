@@ -104,26 +104,19 @@ async fn record_outcome(
         body.result,
         body.claim_id,
     )?;
-    let status = state
-        .store
-        .record_outcomes(std::slice::from_ref(&write))
-        .await?[0];
+    let status = state.store.record_outcomes(std::slice::from_ref(&write)).await?[0];
     let applied = match status {
         OutcomeStatus::Applied => true,
         OutcomeStatus::Duplicate => false,
         OutcomeStatus::NotFound => {
-            return Err(ApiError::NotFound(format!(
-                "no child {sequence} in parent {parent_id}"
-            )));
+            return Err(ApiError::NotFound(format!("no child {sequence} in parent {parent_id}")));
         }
         OutcomeStatus::NotDecomposed => {
             return Err(ApiError::ParentDecomposing(parent_id.to_string()));
         }
         OutcomeStatus::Conflict => {
             let child = state.store.child(&parent_id, sequence).await?;
-            return Err(ApiError::OutcomeConflict {
-                child: Box::new(child),
-            });
+            return Err(ApiError::OutcomeConflict { child: Box::new(child) });
         }
     };
     let child = state.store.child(&parent_id, sequence).await?;
@@ -202,10 +195,7 @@ async fn record_outcomes(
         if !seen.insert((item.parent_id.clone(), item.sequence)) {
             return Err(ApiError::invalid(
                 format!("outcomes[{i}]"),
-                format!(
-                    "child {}/{} appears twice in this batch",
-                    item.parent_id, item.sequence
-                ),
+                format!("child {}/{} appears twice in this batch", item.parent_id, item.sequence),
             ));
         }
         writes.push(outcome_write(

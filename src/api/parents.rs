@@ -15,9 +15,7 @@ use super::extract::{AppJson, AppQuery, in_range, max_chars, parent_id_param};
 use crate::AppState;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
-use crate::ledger::{
-    Appended, ExpiredLease, NewChild, Parent, ParentState, QueueName, Registration,
-};
+use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentState, QueueName, Registration};
 use crate::store::ParentFilter;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -109,10 +107,7 @@ fn new_child(
 ) -> ApiResult<NewChild> {
     if let Some(key) = &key {
         if key.is_empty() {
-            return Err(ApiError::invalid(
-                format!("{field}.key"),
-                "must not be empty",
-            ));
+            return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
         }
         max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
         if let Some(first) = keys.insert(key.clone(), sequence) {
@@ -124,10 +119,7 @@ fn new_child(
     }
     if let Some(skip) = &skip {
         if skip.is_empty() {
-            return Err(ApiError::invalid(
-                format!("{field}.skip"),
-                "must be a non-empty reason",
-            ));
+            return Err(ApiError::invalid(format!("{field}.skip"), "must be a non-empty reason"));
         }
         max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
     }
@@ -143,9 +135,7 @@ fn check_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
     if count > max {
         return Err(ApiError::invalid(
             field,
-            format!(
-                "{count} children in one request; at most {max} (use append + seal beyond that)"
-            ),
+            format!("{count} children in one request; at most {max} (use append + seal beyond that)"),
         ));
     }
     Ok(())
@@ -174,11 +164,7 @@ async fn register_parent(
     AppJson(body): AppJson<RegisterParent>,
 ) -> ApiResult<impl IntoResponse> {
     let parent_id = parent_id_param(&parent_id)?;
-    check_count(
-        "children",
-        body.children.len(),
-        state.limits.max_children_per_request,
-    )?;
+    check_count("children", body.children.len(), state.limits.max_children_per_request)?;
     if let Some(max) = body.max_attempts {
         in_range("max_attempts", max, 1, i32::MAX)?;
     }
@@ -187,16 +173,7 @@ async fn register_parent(
         .children
         .into_iter()
         .enumerate()
-        .map(|(i, c)| {
-            new_child(
-                &format!("children[{i}]"),
-                i as i64,
-                c.payload,
-                c.key,
-                c.skip,
-                &mut keys,
-            )
-        })
+        .map(|(i, c)| new_child(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip, &mut keys))
         .collect::<ApiResult<Vec<_>>>()?;
     let queue = body.queue.unwrap_or_default();
     let decomposed = body.decomposed.unwrap_or(true);
@@ -223,11 +200,7 @@ async fn register_parent(
     if created {
         state.signal_work();
     }
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(parent)))
 }
 
@@ -267,12 +240,7 @@ async fn get_parent(
     AppQuery(query): AppQuery<ParentQuery>,
 ) -> ApiResult<Json<Parent>> {
     let parent_id = parent_id_param(&parent_id)?;
-    Ok(Json(
-        state
-            .store
-            .parent(&parent_id, query.include.is_some())
-            .await?,
-    ))
+    Ok(Json(state.store.parent(&parent_id, query.include.is_some()).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -370,16 +338,9 @@ async fn append_children(
     AppJson(body): AppJson<AppendChildren>,
 ) -> ApiResult<Json<Appended>> {
     let parent_id = parent_id_param(&parent_id)?;
-    check_count(
-        "children",
-        body.children.len(),
-        state.limits.max_children_per_request,
-    )?;
+    check_count("children", body.children.len(), state.limits.max_children_per_request)?;
     if body.children.is_empty() {
-        return Err(ApiError::invalid(
-            "children",
-            "must hold at least one child",
-        ));
+        return Err(ApiError::invalid("children", "must hold at least one child"));
     }
     let mut keys = HashMap::new();
     let mut sequences = HashMap::new();
@@ -387,10 +348,7 @@ async fn append_children(
     for (i, c) in body.children.into_iter().enumerate() {
         let field = format!("children[{i}]");
         if c.sequence < 0 {
-            return Err(ApiError::invalid(
-                format!("{field}.sequence"),
-                "must be non-negative",
-            ));
+            return Err(ApiError::invalid(format!("{field}.sequence"), "must be non-negative"));
         }
         if let Some(first) = sequences.insert(c.sequence, i) {
             return Err(ApiError::invalid(
@@ -401,9 +359,7 @@ async fn append_children(
                 ),
             ));
         }
-        children.push(new_child(
-            &field, c.sequence, c.payload, c.key, c.skip, &mut keys,
-        )?);
+        children.push(new_child(&field, c.sequence, c.payload, c.key, c.skip, &mut keys)?);
     }
     Ok(Json(state.store.append(&parent_id, &children).await?))
 }

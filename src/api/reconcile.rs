@@ -50,10 +50,7 @@ async fn reconcile_parent(
 ) -> ApiResult<Json<ReconcileReport>> {
     let parent_id = parent_id_param(&parent_id)?;
     Ok(Json(
-        state
-            .store
-            .reconcile(&parent_id, body.dry_run.unwrap_or(false))
-            .await?,
+        state.store.reconcile(&parent_id, body.dry_run.unwrap_or(false)).await?,
     ))
 }
 

@@ -115,13 +115,8 @@ mod tests {
     #[test]
     fn key_order_does_not_matter() {
         let a = [child(serde_json::from_str(r#"{"a":1,"b":[1,2]}"#).unwrap())];
-        let b = [child(
-            serde_json::from_str(r#"{ "b":[1,2], "a":1 }"#).unwrap(),
-        )];
-        assert_eq!(
-            fingerprint(&content("q", &a)),
-            fingerprint(&content("q", &b))
-        );
+        let b = [child(serde_json::from_str(r#"{ "b":[1,2], "a":1 }"#).unwrap())];
+        assert_eq!(fingerprint(&content("q", &a)), fingerprint(&content("q", &b)));
     }
 
     #[test]

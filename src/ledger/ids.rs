@@ -25,8 +25,7 @@ impl ParentId {
     pub const MAX_LEN: usize = 200;
 
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
-        let valid_char =
-            |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '~' | '-');
+        let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '~' | '-');
         if raw.is_empty() || raw.len() > Self::MAX_LEN {
             return Err(InvalidId(format!(
                 "must be 1-{} characters, got {}",
@@ -81,8 +80,7 @@ impl QueueName {
     pub const MAX_LEN: usize = 64;
 
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
-        let valid_char =
-            |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-');
+        let valid_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-');
         if raw.is_empty() || raw.len() > Self::MAX_LEN {
             return Err(InvalidId(format!(
                 "must be 1-{} characters, got {}",
@@ -91,9 +89,7 @@ impl QueueName {
             )));
         }
         if let Some(bad) = raw.chars().find(|c| !valid_char(*c)) {
-            return Err(InvalidId(format!(
-                "may only contain a-z 0-9 . _ -, found {bad:?}"
-            )));
+            return Err(InvalidId(format!("may only contain a-z 0-9 . _ -, found {bad:?}")));
         }
         Ok(Self(raw.to_owned()))
     }

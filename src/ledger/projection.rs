@@ -97,10 +97,7 @@ pub enum CompletionRepair {
     Clear,
 }
 
-pub fn completion_repair(
-    stored: &StoredProjection,
-    derived: &DerivedProjection,
-) -> CompletionRepair {
+pub fn completion_repair(stored: &StoredProjection, derived: &DerivedProjection) -> CompletionRepair {
     match (stored.completed_at.is_some(), derived.complete) {
         (false, true) => CompletionRepair::Set,
         (true, false) => CompletionRepair::Clear,
@@ -287,10 +284,7 @@ mod tests {
         );
         // complete run: nothing missing
         assert!(missing_sequences(4, Some(0), &[(3, None)]).is_empty());
-        assert_eq!(
-            missing_sequences(1_000_000, None, &[]).len(),
-            SEAL_REPORT_LIMIT
-        );
+        assert_eq!(missing_sequences(1_000_000, None, &[]).len(), SEAL_REPORT_LIMIT);
     }
 
     #[test]

@@ -186,17 +186,10 @@ mod tests {
 
     #[test]
     fn only_outcomes_are_terminal() {
-        let terminal: Vec<_> = ChildState::ALL
-            .into_iter()
-            .filter(|s| s.is_terminal())
-            .collect();
+        let terminal: Vec<_> = ChildState::ALL.into_iter().filter(|s| s.is_terminal()).collect();
         assert_eq!(
             terminal,
-            [
-                ChildState::Processed,
-                ChildState::Failed,
-                ChildState::Skipped
-            ]
+            [ChildState::Processed, ChildState::Failed, ChildState::Skipped]
         );
         for state in terminal {
             assert_eq!(Outcome::from_state(state).unwrap().state(), state);

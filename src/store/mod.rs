@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::error::ApiResult;
 use crate::ledger::{
-    Appended, Child, ChildState, Claim, ClaimRequest, NewChild, OutcomeStatus, OutcomeWrite,
-    Parent, ParentId, QueueName, ReconcileReport, Registration, SweepReport,
+    Appended, Child, ChildState, Claim, ClaimRequest, NewChild, OutcomeStatus, OutcomeWrite, Parent, ParentId,
+    QueueName, ReconcileReport, Registration, SweepReport,
 };
 
 pub use postgres::PgStore;
@@ -98,15 +98,11 @@ impl Store {
     pub async fn connect_with(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Self::Postgres(
-                PgStore::connect(url, options)
-                    .await
-                    .context("connecting to Postgres")?,
+                PgStore::connect(url, options).await.context("connecting to Postgres")?,
             ))
         } else if url.starts_with("sqlite:") {
             Ok(Self::Sqlite(
-                SqliteStore::connect(url, options)
-                    .await
-                    .context("opening SQLite")?,
+                SqliteStore::connect(url, options).await.context("opening SQLite")?,
             ))
         } else {
             anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…")
@@ -185,21 +181,12 @@ impl Store {
     }
 
     /// Extends every live lease of a claim. Returns how many and the new expiry.
-    pub async fn extend(
-        &self,
-        claim_id: Uuid,
-        lease_seconds: i64,
-    ) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
+    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
         dispatch!(self, s => s.extend(claim_id, lease_seconds).await)
     }
 
     /// Returns a claim's children (all, or the named ones) to `pending`.
-    pub async fn release(
-        &self,
-        claim_id: Uuid,
-        children: Option<&[ChildRef]>,
-        delay_seconds: i64,
-    ) -> ApiResult<u64> {
+    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
         dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)
     }
 
@@ -214,20 +201,12 @@ impl Store {
         dispatch!(self, s => s.record_outcomes(writes).await)
     }
 
-    pub async fn reconcile(
-        &self,
-        parent_id: &ParentId,
-        dry_run: bool,
-    ) -> ApiResult<ReconcileReport> {
+    pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> ApiResult<ReconcileReport> {
         dispatch!(self, s => s.reconcile(parent_id, dry_run).await)
     }
 
     /// Reconciles every parent (or one queue's), a page at a time.
-    pub async fn reconcile_sweep(
-        &self,
-        queue: Option<&QueueName>,
-        dry_run: bool,
-    ) -> ApiResult<SweepReport> {
+    pub async fn reconcile_sweep(&self, queue: Option<&QueueName>, dry_run: bool) -> ApiResult<SweepReport> {
         let mut report = SweepReport {
             dry_run,
             checked: 0,
@@ -237,8 +216,7 @@ impl Store {
         };
         let mut after = 0;
         loop {
-            let (ids, last) =
-                dispatch!(self, s => s.drift_candidates(queue, after, SWEEP_PAGE).await)?;
+            let (ids, last) = dispatch!(self, s => s.drift_candidates(queue, after, SWEEP_PAGE).await)?;
             report.checked += ids.checked;
             for parent_id in ids.drifted {
                 // Re-derived under the parent's lock: a concurrent outcome may have
@@ -293,10 +271,6 @@ pub(crate) struct DriftPage {
 }
 
 /// Parses a stored enum value, turning a bad one into a decode error.
-pub(crate) fn parse_column<T: std::str::FromStr<Err = String>>(
-    value: &str,
-) -> Result<T, sqlx::Error> {
-    value
-        .parse()
-        .map_err(|e: String| sqlx::Error::Decode(e.into()))
+pub(crate) fn parse_column<T: std::str::FromStr<Err = String>>(value: &str) -> Result<T, sqlx::Error> {
+    value.parse().map_err(|e: String| sqlx::Error::Decode(e.into()))
 }

@@ -14,9 +14,9 @@ use super::{ChildPage, ChildRef, DriftPage, ParentFilter, ParentPage, StoreOptio
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
-    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, ClaimedChild, Conflict, NewChild,
-    OpenCounts, Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName,
-    ReconcileReport, Registration, idempotency_key,
+    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, ClaimedChild, Conflict, NewChild, OpenCounts,
+    Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName, ReconcileReport, Registration,
+    idempotency_key,
 };
 
 #[derive(Debug, Clone)]
@@ -79,9 +79,7 @@ impl PgStore {
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        sqlx::migrate!("./migrations/postgres")
-            .run(&self.pool)
-            .await?;
+        sqlx::migrate!("./migrations/postgres").run(&self.pool).await?;
         Ok(())
     }
 
@@ -116,15 +114,12 @@ impl PgStore {
             == 1;
         if !created {
             drop(tx);
-            let fingerprint: Option<String> =
-                sqlx::query_scalar("SELECT fingerprint FROM parent WHERE parent_id = $1")
-                    .bind(reg.parent_id.as_str())
-                    .fetch_optional(&self.pool)
-                    .await?;
+            let fingerprint: Option<String> = sqlx::query_scalar("SELECT fingerprint FROM parent WHERE parent_id = $1")
+                .bind(reg.parent_id.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
             return match fingerprint {
-                Some(stored) if stored == reg.fingerprint => {
-                    Ok((false, self.parent(&reg.parent_id, false).await?))
-                }
+                Some(stored) if stored == reg.fingerprint => Ok((false, self.parent(&reg.parent_id, false).await?)),
                 _ => Err(ApiError::RegistrationConflict(format!(
                     "parent {} is already registered with different content (queue, payload, settings or children)",
                     reg.parent_id
@@ -144,12 +139,11 @@ impl PgStore {
         if rows_written < 10_000 {
             return Ok(());
         }
-        let estimated: i64 = sqlx::query_scalar(
-            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = 'child'",
-        )
-        .fetch_optional(&self.pool)
-        .await?
-        .unwrap_or(0);
+        let estimated: i64 =
+            sqlx::query_scalar("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = 'child'")
+                .fetch_optional(&self.pool)
+                .await?
+                .unwrap_or(0);
         if projection::needs_fresh_statistics(rows_written, estimated) {
             sqlx::query("ANALYZE child").execute(&self.pool).await?;
         }
@@ -159,8 +153,7 @@ impl PgStore {
     pub async fn append(&self, parent_id: &ParentId, children: &[NewChild]) -> ApiResult<Appended> {
         let mut tx = self.pool.begin().await?;
         lock_decomposing_parent(&mut tx, parent_id).await?;
-        let (inserted, inserted_skipped) =
-            insert_children(&mut tx, parent_id, children, true).await?;
+        let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
         let (sequences, keys, payloads, skips) = child_arrays(children);
         let differing: Vec<i64> = sqlx::query_scalar(
             "SELECT u.sequence FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) \
@@ -186,14 +179,12 @@ impl PgStore {
                 sequences: differing,
             });
         }
-        sqlx::query(
-            "UPDATE parent SET total = total + $2, skipped = skipped + $3 WHERE parent_id = $1",
-        )
-        .bind(parent_id.as_str())
-        .bind(inserted as i64)
-        .bind(inserted_skipped)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query("UPDATE parent SET total = total + $2, skipped = skipped + $3 WHERE parent_id = $1")
+            .bind(parent_id.as_str())
+            .bind(inserted as i64)
+            .bind(inserted_skipped)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         self.refresh_statistics(inserted as i64).await?;
         Ok(Appended {
@@ -204,12 +195,11 @@ impl PgStore {
 
     pub async fn seal(&self, parent_id: &ParentId, total: i64) -> ApiResult<Parent> {
         let mut tx = self.pool.begin().await?;
-        let decomposed: Option<bool> = sqlx::query_scalar(
-            "SELECT decomposed_at IS NOT NULL FROM parent WHERE parent_id = $1 FOR UPDATE",
-        )
-        .bind(parent_id.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
+        let decomposed: Option<bool> =
+            sqlx::query_scalar("SELECT decomposed_at IS NOT NULL FROM parent WHERE parent_id = $1 FOR UPDATE")
+                .bind(parent_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
         let decomposed = decomposed.ok_or_else(|| not_found_parent(parent_id))?;
         let (below, beyond): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE sequence < $2), count(*) FILTER (WHERE sequence >= $2) \
@@ -220,13 +210,12 @@ impl PgStore {
         .fetch_one(&mut *tx)
         .await?;
         if below != total || beyond != 0 {
-            let first: Option<i64> = sqlx::query_scalar(
-                "SELECT min(sequence) FROM child WHERE parent_id = $1 AND sequence < $2",
-            )
-            .bind(parent_id.as_str())
-            .bind(total)
-            .fetch_one(&mut *tx)
-            .await?;
+            let first: Option<i64> =
+                sqlx::query_scalar("SELECT min(sequence) FROM child WHERE parent_id = $1 AND sequence < $2")
+                    .bind(parent_id.as_str())
+                    .bind(total)
+                    .fetch_one(&mut *tx)
+                    .await?;
             let gaps: Vec<(i64, Option<i64>)> = sqlx::query_as(
                 "SELECT sequence, next FROM ( \
                      SELECT sequence, lead(sequence) OVER (ORDER BY sequence) AS next \
@@ -273,13 +262,11 @@ impl PgStore {
     }
 
     pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> ApiResult<Parent> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "{PARENT_SELECT} WHERE p.parent_id = $1"
-        )))
-        .bind(parent_id.as_str())
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| not_found_parent(parent_id))?;
+        let row = sqlx::query(AssertSqlSafe(format!("{PARENT_SELECT} WHERE p.parent_id = $1")))
+            .bind(parent_id.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| not_found_parent(parent_id))?;
         Ok(parent_from_row(&row, include_payload)?)
     }
 
@@ -313,10 +300,7 @@ impl PgStore {
         let next_position = (rows.len() as i64 > filter.limit)
             .then(|| positions.last().copied())
             .flatten();
-        Ok(ParentPage {
-            parents,
-            next_position,
-        })
+        Ok(ParentPage { parents, next_position })
     }
 
     pub async fn children(
@@ -348,10 +332,7 @@ impl PgStore {
         let next_after = (rows.len() as i64 > limit)
             .then(|| children.last().map(|c| c.sequence))
             .flatten();
-        Ok(ChildPage {
-            children,
-            next_after,
-        })
+        Ok(ChildPage { children, next_after })
     }
 
     async fn parent_exists(&self, parent_id: &ParentId) -> ApiResult<()> {
@@ -439,11 +420,7 @@ impl PgStore {
         })
     }
 
-    pub async fn extend(
-        &self,
-        claim_id: Uuid,
-        lease_seconds: i64,
-    ) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
+    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
         let (extended, expires): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
             "WITH extended AS ( \
                  UPDATE child SET lease_expires_at = now() + make_interval(secs => $2) \
@@ -458,12 +435,7 @@ impl PgStore {
         Ok((extended as u64, expires))
     }
 
-    pub async fn release(
-        &self,
-        claim_id: Uuid,
-        children: Option<&[ChildRef]>,
-        delay_seconds: i64,
-    ) -> ApiResult<u64> {
+    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
         let (parents, sequences): (Vec<&str>, Vec<i64>) = children
             .unwrap_or_default()
             .iter()
@@ -501,9 +473,7 @@ impl PgStore {
         let child = self.child(parent_id, sequence).await?;
         match (retried, child.state) {
             (1, _) | (_, ChildState::Pending) => Ok(child),
-            _ => Err(ApiError::RetryConflict {
-                child: Box::new(child),
-            }),
+            _ => Err(ApiError::RetryConflict { child: Box::new(child) }),
         }
     }
 
@@ -516,10 +486,7 @@ impl PgStore {
         let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
         let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
         let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
-        let results: Vec<Option<String>> = writes
-            .iter()
-            .map(|w| w.result.as_ref().map(Value::to_string))
-            .collect();
+        let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
         let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
 
         let mut tx = self.pool.begin().await?;
@@ -563,8 +530,7 @@ impl PgStore {
 
         let mut statuses = vec![OutcomeStatus::Applied; writes.len()];
         if applied.len() < writes.len() {
-            let won: std::collections::HashSet<(&str, i64)> =
-                applied.iter().map(|(p, s)| (p.as_str(), *s)).collect();
+            let won: std::collections::HashSet<(&str, i64)> = applied.iter().map(|(p, s)| (p.as_str(), *s)).collect();
             let rest: Vec<usize> = (0..writes.len())
                 .filter(|&i| !won.contains(&(parents[i], sequences[i])))
                 .collect();
@@ -580,10 +546,8 @@ impl PgStore {
             .bind(&rest_sequences)
             .fetch_all(&mut *tx)
             .await?;
-            let found: HashMap<(String, i64), (Option<bool>, Option<String>)> = found
-                .into_iter()
-                .map(|(p, s, d, st)| ((p, s), (d, st)))
-                .collect();
+            let found: HashMap<(String, i64), (Option<bool>, Option<String>)> =
+                found.into_iter().map(|(p, s, d, st)| ((p, s), (d, st))).collect();
             for i in rest {
                 let (decomposed, state) = found
                     .get(&(parents[i].to_owned(), sequences[i]))
@@ -592,9 +556,7 @@ impl PgStore {
                 statuses[i] = match (decomposed, state) {
                     (None, _) | (_, None) => OutcomeStatus::NotFound,
                     (Some(false), _) => OutcomeStatus::NotDecomposed,
-                    (Some(true), Some(state)) if state == writes[i].outcome.as_str() => {
-                        OutcomeStatus::Duplicate
-                    }
+                    (Some(true), Some(state)) if state == writes[i].outcome.as_str() => OutcomeStatus::Duplicate,
                     (Some(true), Some(_)) => OutcomeStatus::Conflict,
                 };
                 if statuses[i] == OutcomeStatus::Conflict {
@@ -606,11 +568,7 @@ impl PgStore {
         Ok(statuses)
     }
 
-    pub async fn reconcile(
-        &self,
-        parent_id: &ParentId,
-        dry_run: bool,
-    ) -> ApiResult<ReconcileReport> {
+    pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> ApiResult<ReconcileReport> {
         let mut tx = self.pool.begin().await?;
         // Locking the parent row first orders this repair with concurrent
         // outcome writes, which bump the counters after their child rows.
@@ -629,10 +587,7 @@ impl PgStore {
             skipped: row.try_get("skipped")?,
             completed_at: row.try_get("completed_at")?,
         };
-        let derived = DerivedProjection::from_rows(
-            tally(&mut tx, parent_id).await?,
-            row.try_get("decomposed")?,
-        );
+        let derived = DerivedProjection::from_rows(tally(&mut tx, parent_id).await?, row.try_get("decomposed")?);
         let changes = projection::diff(&stored, &derived);
         let apply = !dry_run && !changes.is_empty();
         if apply {
@@ -712,9 +667,7 @@ impl PgStore {
             };
             let completed: bool = row.try_get("completed")?;
             if stored != derived || completed != derived.is_complete(row.try_get("decomposed")?) {
-                result
-                    .drifted
-                    .push(ParentId::from_ledger(row.try_get("parent_id")?));
+                result.drifted.push(ParentId::from_ledger(row.try_get("parent_id")?));
             }
         }
         let more = (rows.len() as i64 == page).then_some(last).flatten();
@@ -724,9 +677,7 @@ impl PgStore {
     pub async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> ApiResult<u64> {
         let (scope_filter, scope_key) = match scope {
             None => ("", None),
-            Some(ClaimScope::Parent(parent_id)) => {
-                ("AND c.parent_id = $2", Some(parent_id.as_str()))
-            }
+            Some(ClaimScope::Parent(parent_id)) => ("AND c.parent_id = $2", Some(parent_id.as_str())),
             Some(ClaimScope::Queue(queue)) => (
                 "AND c.parent_id IN (SELECT parent_id FROM parent WHERE queue = $2 AND completed_at IS NULL)",
                 Some(queue.as_str()),
@@ -771,9 +722,7 @@ impl PgStore {
     }
 
     pub async fn execute_raw(&self, sql: &str) -> anyhow::Result<()> {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(&self.pool)
-            .await?;
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -789,16 +738,12 @@ fn not_found_parent(parent_id: &ParentId) -> ApiError {
 }
 
 /// Locks a parent for an append; it must exist and still be decomposing.
-async fn lock_decomposing_parent(
-    tx: &mut Transaction<'_, Postgres>,
-    parent_id: &ParentId,
-) -> ApiResult<()> {
-    let decomposed: Option<bool> = sqlx::query_scalar(
-        "SELECT decomposed_at IS NOT NULL FROM parent WHERE parent_id = $1 FOR UPDATE",
-    )
-    .bind(parent_id.as_str())
-    .fetch_optional(&mut **tx)
-    .await?;
+async fn lock_decomposing_parent(tx: &mut Transaction<'_, Postgres>, parent_id: &ParentId) -> ApiResult<()> {
+    let decomposed: Option<bool> =
+        sqlx::query_scalar("SELECT decomposed_at IS NOT NULL FROM parent WHERE parent_id = $1 FOR UPDATE")
+            .bind(parent_id.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
     match decomposed {
         None => Err(not_found_parent(parent_id)),
         Some(true) => Err(ApiError::ParentDecomposed(parent_id.to_string())),
@@ -806,12 +751,7 @@ async fn lock_decomposing_parent(
     }
 }
 
-type ChildArrays<'a> = (
-    Vec<i64>,
-    Vec<Option<&'a str>>,
-    Vec<String>,
-    Vec<Option<&'a str>>,
-);
+type ChildArrays<'a> = (Vec<i64>, Vec<Option<&'a str>>, Vec<String>, Vec<Option<&'a str>>);
 
 fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
     let mut arrays = (

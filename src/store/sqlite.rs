@@ -8,9 +8,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, Transaction};
 use uuid::Uuid;
 
@@ -18,9 +16,9 @@ use super::{ChildPage, ChildRef, DriftPage, ParentFilter, ParentPage, StoreOptio
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
-    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, ClaimedChild, Conflict, NewChild,
-    OpenCounts, Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName,
-    ReconcileReport, Registration, idempotency_key,
+    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, ClaimedChild, Conflict, NewChild, OpenCounts,
+    Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName, ReconcileReport, Registration,
+    idempotency_key,
 };
 
 /// The database clock, as RFC 3339 UTC text with milliseconds.
@@ -84,9 +82,7 @@ impl SqliteStore {
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&self.writer)
-            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&self.writer).await?;
         Ok(())
     }
 
@@ -97,11 +93,10 @@ impl SqliteStore {
 
     pub async fn register(&self, reg: &Registration) -> ApiResult<(bool, Parent)> {
         let mut tx = self.begin().await?;
-        let existing: Option<String> =
-            sqlx::query_scalar("SELECT fingerprint FROM parent WHERE parent_id = ?1")
-                .bind(reg.parent_id.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
+        let existing: Option<String> = sqlx::query_scalar("SELECT fingerprint FROM parent WHERE parent_id = ?1")
+            .bind(reg.parent_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
         if let Some(stored) = existing {
             drop(tx);
             if stored != reg.fingerprint {
@@ -153,8 +148,7 @@ impl SqliteStore {
             Some(true) => return Err(ApiError::ParentDecomposed(parent_id.to_string())),
             Some(false) => {}
         }
-        let (inserted, inserted_skipped) =
-            insert_children(&mut tx, parent_id, children, true).await?;
+        let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
         let differing: Vec<i64> = sqlx::query_scalar(
             "SELECT c.sequence FROM json_each(?2) j \
              JOIN child c ON c.parent_id = ?1 AND c.sequence = j.value ->> 0 \
@@ -175,14 +169,12 @@ impl SqliteStore {
                 sequences: differing,
             });
         }
-        sqlx::query(
-            "UPDATE parent SET total = total + ?2, skipped = skipped + ?3 WHERE parent_id = ?1",
-        )
-        .bind(parent_id.as_str())
-        .bind(inserted as i64)
-        .bind(inserted_skipped)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query("UPDATE parent SET total = total + ?2, skipped = skipped + ?3 WHERE parent_id = ?1")
+            .bind(parent_id.as_str())
+            .bind(inserted as i64)
+            .bind(inserted_skipped)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(Appended {
             inserted,
@@ -207,13 +199,12 @@ impl SqliteStore {
         .fetch_one(&mut *tx)
         .await?;
         if below != total || beyond != 0 {
-            let first: Option<i64> = sqlx::query_scalar(
-                "SELECT min(sequence) FROM child WHERE parent_id = ?1 AND sequence < ?2",
-            )
-            .bind(parent_id.as_str())
-            .bind(total)
-            .fetch_one(&mut *tx)
-            .await?;
+            let first: Option<i64> =
+                sqlx::query_scalar("SELECT min(sequence) FROM child WHERE parent_id = ?1 AND sequence < ?2")
+                    .bind(parent_id.as_str())
+                    .bind(total)
+                    .fetch_one(&mut *tx)
+                    .await?;
             let gaps: Vec<(i64, Option<i64>)> = sqlx::query_as(
                 "SELECT sequence, next FROM ( \
                      SELECT sequence, lead(sequence) OVER (ORDER BY sequence) AS next \
@@ -262,13 +253,11 @@ impl SqliteStore {
     }
 
     pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> ApiResult<Parent> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "{PARENT_SELECT} WHERE p.parent_id = ?1"
-        )))
-        .bind(parent_id.as_str())
-        .fetch_optional(&self.readers)
-        .await?
-        .ok_or_else(|| not_found_parent(parent_id))?;
+        let row = sqlx::query(AssertSqlSafe(format!("{PARENT_SELECT} WHERE p.parent_id = ?1")))
+            .bind(parent_id.as_str())
+            .fetch_optional(&self.readers)
+            .await?
+            .ok_or_else(|| not_found_parent(parent_id))?;
         Ok(parent_from_row(&row, include_payload)?)
     }
 
@@ -303,10 +292,7 @@ impl SqliteStore {
         let next_position = (rows.len() as i64 > filter.limit)
             .then(|| positions.last().copied())
             .flatten();
-        Ok(ParentPage {
-            parents,
-            next_position,
-        })
+        Ok(ParentPage { parents, next_position })
     }
 
     pub async fn children(
@@ -338,10 +324,7 @@ impl SqliteStore {
         let next_after = (rows.len() as i64 > limit)
             .then(|| children.last().map(|c| c.sequence))
             .flatten();
-        Ok(ChildPage {
-            children,
-            next_after,
-        })
+        Ok(ChildPage { children, next_after })
     }
 
     async fn parent_exists(&self, parent_id: &ParentId) -> ApiResult<()> {
@@ -422,11 +405,7 @@ impl SqliteStore {
         })
     }
 
-    pub async fn extend(
-        &self,
-        claim_id: Uuid,
-        lease_seconds: i64,
-    ) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
+    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
         let mut tx = self.begin().await?;
         let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(concat!(
             "UPDATE child SET lease_expires_at = ",
@@ -443,12 +422,7 @@ impl SqliteStore {
         Ok((rows.len() as u64, rows.into_iter().max()))
     }
 
-    pub async fn release(
-        &self,
-        claim_id: Uuid,
-        children: Option<&[ChildRef]>,
-        delay_seconds: i64,
-    ) -> ApiResult<u64> {
+    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
         let named: Vec<(&str, i64)> = children
             .unwrap_or_default()
             .iter()
@@ -489,34 +463,12 @@ impl SqliteStore {
         tx.commit().await?;
         match (retried, child.state) {
             (1, _) | (_, ChildState::Pending) => Ok(child),
-            _ => Err(ApiError::RetryConflict {
-                child: Box::new(child),
-            }),
+            _ => Err(ApiError::RetryConflict { child: Box::new(child) }),
         }
     }
 
     pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
-        let input: Vec<(
-            &str,
-            i64,
-            &str,
-            Option<&str>,
-            Option<&Value>,
-            Option<String>,
-        )> = writes
-            .iter()
-            .map(|w| {
-                (
-                    w.parent_id.as_str(),
-                    w.sequence,
-                    w.outcome.as_str(),
-                    w.reason.as_deref(),
-                    w.result.as_ref(),
-                    w.claim_id.map(|c| c.to_string()),
-                )
-            })
-            .collect();
-        let input = serde_json::to_string(&input).map_err(anyhow::Error::from)?;
+        let input = outcomes_json(writes);
         let mut tx = self.begin().await?;
         // The guarded UPDATE only touches non-terminal rows of decomposed
         // parents: what it returns is exactly the set of writes that won.
@@ -573,9 +525,7 @@ impl SqliteStore {
                 statuses[i] = match found.get(&(i as i64)).cloned().unwrap_or((None, None)) {
                     (None, _) | (_, None) => OutcomeStatus::NotFound,
                     (Some(false), _) => OutcomeStatus::NotDecomposed,
-                    (Some(true), Some(state)) if state == write.outcome.as_str() => {
-                        OutcomeStatus::Duplicate
-                    }
+                    (Some(true), Some(state)) if state == write.outcome.as_str() => OutcomeStatus::Duplicate,
                     (Some(true), Some(_)) => OutcomeStatus::Conflict,
                 };
                 if statuses[i] == OutcomeStatus::Conflict {
@@ -587,11 +537,7 @@ impl SqliteStore {
         Ok(statuses)
     }
 
-    pub async fn reconcile(
-        &self,
-        parent_id: &ParentId,
-        dry_run: bool,
-    ) -> ApiResult<ReconcileReport> {
+    pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> ApiResult<ReconcileReport> {
         let mut tx = self.begin().await?;
         let row = sqlx::query(
             "SELECT total, processed, failed, skipped, completed_at, decomposed_at IS NOT NULL AS decomposed \
@@ -608,10 +554,7 @@ impl SqliteStore {
             skipped: row.try_get("skipped")?,
             completed_at: row.try_get("completed_at")?,
         };
-        let derived = DerivedProjection::from_rows(
-            tally(&mut tx, parent_id).await?,
-            row.try_get("decomposed")?,
-        );
+        let derived = DerivedProjection::from_rows(tally(&mut tx, parent_id).await?, row.try_get("decomposed")?);
         let changes = projection::diff(&stored, &derived);
         let apply = !dry_run && !changes.is_empty();
         if apply {
@@ -688,9 +631,7 @@ impl SqliteStore {
             };
             let completed: bool = row.try_get("completed")?;
             if stored != derived || completed != derived.is_complete(row.try_get("decomposed")?) {
-                result
-                    .drifted
-                    .push(ParentId::from_ledger(row.try_get("parent_id")?));
+                result.drifted.push(ParentId::from_ledger(row.try_get("parent_id")?));
             }
         }
         let more = (rows.len() as i64 == page).then_some(last).flatten();
@@ -767,6 +708,25 @@ fn children_json(children: &[NewChild]) -> String {
     serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned())
 }
 
+/// Outcome writes as one JSON array of
+/// `[parent_id, sequence, outcome, reason, result, claim_id]` for `json_each`.
+fn outcomes_json(writes: &[OutcomeWrite]) -> String {
+    let rows: Vec<_> = writes
+        .iter()
+        .map(|w| {
+            serde_json::json!([
+                w.parent_id.as_str(),
+                w.sequence,
+                w.outcome.as_str(),
+                w.reason,
+                w.result,
+                w.claim_id.map(|c| c.to_string())
+            ])
+        })
+        .collect();
+    Value::Array(rows).to_string()
+}
+
 async fn insert_children(
     tx: &mut Transaction<'_, Sqlite>,
     parent_id: &ParentId,
@@ -794,7 +754,10 @@ async fn insert_children(
     .fetch_all(&mut **tx)
     .await
     .map_err(|err| {
-        let message = err.as_database_error().map(|e| e.message().to_owned()).unwrap_or_default();
+        let message = err
+            .as_database_error()
+            .map(|e| e.message().to_owned())
+            .unwrap_or_default();
         if message.contains("child.parent_id, child.key") {
             ApiError::DuplicateKey(format!(
                 "a child key in this request is already used by another sequence of parent {parent_id}"
@@ -822,11 +785,7 @@ async fn tally(tx: &mut Transaction<'_, Sqlite>, parent_id: &ParentId) -> ApiRes
 
 /// Adds terminal counts to a parent's projection, completing it when the last
 /// child went terminal.
-async fn bump_parent(
-    tx: &mut Transaction<'_, Sqlite>,
-    parent_id: &str,
-    delta: &Tally,
-) -> ApiResult<()> {
+async fn bump_parent(tx: &mut Transaction<'_, Sqlite>, parent_id: &str, delta: &Tally) -> ApiResult<()> {
     sqlx::query(concat!(
         "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
              completed_at = CASE WHEN completed_at IS NULL AND decomposed_at IS NOT NULL \

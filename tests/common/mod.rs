@@ -59,11 +59,7 @@ pub async fn postgres_available() -> bool {
     let reachable = *REACHABLE
         .get_or_init(|| async {
             matches!(
-                tokio::time::timeout(
-                    Duration::from_secs(5),
-                    sqlx::PgConnection::connect(&admin_url())
-                )
-                .await,
+                tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&admin_url())).await,
                 Ok(Ok(_))
             )
         })
@@ -121,8 +117,7 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
         .try_init();
     let (database_url, dir) = match backend {
         Backend::Sqlite => {
-            let dir =
-                std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
+            let dir = std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
             std::fs::create_dir_all(&dir).unwrap();
             let url = format!("sqlite://{}", dir.join("ledger.db").display());
             (url, Some(TempDir(dir)))
@@ -186,13 +181,7 @@ impl TestApp {
     }
 
     /// Sends a raw body with the given content type.
-    pub async fn raw(
-        &self,
-        method: Method,
-        path: &str,
-        content_type: &str,
-        body: Vec<u8>,
-    ) -> Reply {
+    pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
         let req = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -244,7 +233,5 @@ impl TestApp {
 
 /// A registration body with `n` children whose payload is `{"n": i}`.
 pub fn children(n: usize) -> Vec<Value> {
-    (0..n)
-        .map(|i| serde_json::json!({"payload": {"n": i}}))
-        .collect()
+    (0..n).map(|i| serde_json::json!({"payload": {"n": i}})).collect()
 }
