@@ -160,6 +160,27 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.server.abort();
+        if self.backend == Backend::Postgres {
+            // Drop the test's database so runs do not pile them up; FORCE ends
+            // the pool's connections that are still open.
+            let name = self.database_url.rsplit('/').next().unwrap_or_default().to_owned();
+            let dropped = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url()).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .execute(&mut admin)
+                        .await;
+                    }
+                })
+            });
+            let _ = dropped.join();
+        }
     }
 }
 
