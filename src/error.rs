@@ -52,6 +52,8 @@ pub enum ApiError {
     RetryConflict { child: Box<Child> },
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    #[error("{0} did not finish within the request timeout")]
+    TimedOut(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -90,7 +92,7 @@ impl ApiError {
             | Self::SealMismatch { .. }
             | Self::OutcomeConflict { .. }
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::TimedOut(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -115,6 +117,7 @@ impl ApiError {
             Self::OutcomeConflict { .. } => "outcome-conflict",
             Self::RetryConflict { .. } => "retry-conflict",
             Self::Unavailable(_) => "database-unavailable",
+            Self::TimedOut(_) => "request-timeout",
             Self::Internal(_) => "internal",
         }
     }
@@ -137,6 +140,7 @@ impl ApiError {
             Self::OutcomeConflict { .. } => "A different outcome already won",
             Self::RetryConflict { .. } => "Child cannot be retried",
             Self::Unavailable(_) => "Database unavailable",
+            Self::TimedOut(_) => "Request timed out",
             Self::Internal(_) => "Internal error",
         }
     }

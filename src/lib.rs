@@ -14,8 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use config::Limits;
@@ -53,15 +51,7 @@ pub fn app(state: AppState) -> Router {
 }
 
 pub fn app_with_timeout(state: AppState, request_timeout: Duration) -> Router {
-    let body_limit = state.limits.max_body_bytes;
-    api::router(state)
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(body_limit))
-        .layer(TimeoutLayer::with_status_code(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            request_timeout,
-        ))
-        .layer(TraceLayer::new_for_http())
+    api::router(state, request_timeout).layer(TraceLayer::new_for_http())
 }
 
 /// Sweeps expired leases every `interval` until the process ends, waking

@@ -216,4 +216,57 @@ async fn repeated_registration(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM parent").await, 1);
 }
 
-both_stores!(legacy_append_and_seal, repeated_registration);
+async fn append_with_keys_and_skips(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let r = app
+        .put("/v1/parents/K-1", json!({"decomposed": false, "queue": "keys"}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let keyed = json!({"children": [
+        {"sequence": 0, "key": "evt-0", "payload": {"n": 0}},
+        {"sequence": 1, "key": "evt-1", "payload": {"n": 1}, "skip": "bad timestamp"},
+        {"sequence": 2, "payload": {"n": 2}},
+    ]});
+    let r = app.post("/v1/parents/K-1/children", keyed.clone()).await;
+    assert_eq!(r.body, json!({"inserted": 3, "existing": 0}), "{r:?}");
+    // The same page again, keys and all, is a no-op.
+    let r = app.post("/v1/parents/K-1/children", keyed).await;
+    assert_eq!(r.body, json!({"inserted": 0, "existing": 3}), "{r:?}");
+    // A key another sequence already uses is a conflict; nothing of the page is written.
+    let r = app
+        .post(
+            "/v1/parents/K-1/children",
+            json!({"children": [{"sequence": 3, "payload": {}}, {"sequence": 4, "key": "evt-0", "payload": {}}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    assert!(r.body["type"].as_str().unwrap().ends_with("duplicate-key"), "{r:?}");
+    // A skip reason that differs is different content.
+    let r = app
+        .post(
+            "/v1/parents/K-1/children",
+            json!({"children": [{"sequence": 1, "key": "evt-1", "payload": {"n": 1}, "skip": "other reason"}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    assert_eq!(r.body["sequences"], json!([1]), "{r:?}");
+    assert_eq!(app.count("SELECT count(*) FROM child").await, 3);
+
+    let parent = app.get("/v1/parents/K-1").await.body;
+    assert_eq!(parent["counts"]["total"], 3, "{parent}");
+    assert_eq!(parent["counts"]["skipped"], 1, "{parent}");
+    let sealed = app.post("/v1/parents/K-1/seal", json!({"total": 3})).await;
+    assert_eq!(sealed.status, StatusCode::OK, "{sealed:?}");
+    assert_eq!(sealed.body["counts"]["skipped"], 1, "{sealed:?}");
+    assert_eq!(sealed.body["counts"]["pending"], 2, "{sealed:?}");
+    let skipped = app.get("/v1/parents/K-1/children/1").await.body;
+    assert_eq!(skipped["state"], "skipped", "{skipped}");
+    assert_eq!(skipped["outcome"], "skipped", "{skipped}");
+    assert_eq!(skipped["reason"], "bad timestamp", "{skipped}");
+}
+
+both_stores!(
+    legacy_append_and_seal,
+    repeated_registration,
+    append_with_keys_and_skips
+);

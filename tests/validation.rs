@@ -214,4 +214,37 @@ async fn rejects_too_many_children(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM child").await, 10);
 }
 
-both_stores!(rejects_bad_requests, rejects_too_many_children);
+async fn rejects_oversized_bodies(backend: Backend) {
+    let limits = Limits {
+        max_body_bytes: 4096,
+        ..Default::default()
+    };
+    let app = spawn_app_with(backend, limits).await;
+    let r = app.put("/v1/parents/B-big", json!({"children": children(500)})).await;
+    assert_problem("body over --max-body-bytes", &r, &[413], None);
+    assert!(r.body["detail"].as_str().unwrap().contains("4096"), "{r:?}");
+    // Without a content-length the limit still holds while the body streams in.
+    let chunks = (0..3000).map(|i| {
+        Ok::<_, std::io::Error>(if i == 0 {
+            b"{\"children\": [".to_vec()
+        } else {
+            b"{},".to_vec()
+        })
+    });
+    let streamed = app
+        .client
+        .put(format!("{}/v1/parents/B-stream", app.base))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(app.count("SELECT count(*) FROM parent").await, 0);
+}
+
+both_stores!(
+    rejects_bad_requests,
+    rejects_too_many_children,
+    rejects_oversized_bodies
+);

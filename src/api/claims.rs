@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, claim_id_param, in_range, max_chars, parent_id_param, queue_param};
 use crate::AppState;
-use crate::error::{ApiResult, Problem};
+use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId};
 use crate::store::ChildRef;
 
@@ -53,7 +53,12 @@ pub struct ClaimChildren {
 
 async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
     let limits = &state.limits;
-    let limit = in_range("limit", body.limit.unwrap_or(100), 1, limits.max_claim_limit)?;
+    let limit = in_range(
+        "limit",
+        body.limit.unwrap_or(100.min(limits.max_claim_limit)),
+        1,
+        limits.max_claim_limit,
+    )?;
     let lease_seconds = in_range(
         "lease_seconds",
         body.lease_seconds.unwrap_or(limits.default_lease_seconds),
@@ -245,8 +250,13 @@ async fn release_claim(
     let children = match body.children {
         None => None,
         Some(children) => {
-            in_range("children", children.len(), 1, state.limits.max_claim_limit as usize)
-                .map_err(|_| crate::error::ApiError::invalid("children", "must name 1-1000 children, or be omitted"))?;
+            let max = state.limits.max_claim_limit as usize;
+            if children.is_empty() || children.len() > max {
+                return Err(ApiError::invalid(
+                    "children",
+                    format!("must name 1-{max} children, or be omitted"),
+                ));
+            }
             let mut refs = Vec::with_capacity(children.len());
             for (i, c) in children.into_iter().enumerate() {
                 in_range(&format!("children[{i}].sequence"), c.sequence, 0, i64::MAX)?;

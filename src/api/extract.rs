@@ -7,6 +7,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
+use crate::AppState;
 use crate::error::ApiError;
 use crate::ledger::{ParentId, QueueName};
 
@@ -14,14 +15,13 @@ use crate::ledger::{ParentId, QueueName};
 /// optional can be called without one.
 pub struct AppJson<T>(pub T);
 
-impl<T, S> FromRequest<S> for AppJson<T>
+impl<T> FromRequest<AppState> for AppJson<T>
 where
     T: DeserializeOwned,
-    S: Send + Sync,
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let content_type = req
             .headers()
             .get(CONTENT_TYPE)
@@ -29,7 +29,9 @@ where
             .map(str::to_owned);
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::BodyTooLarge { limit: 0 }
+                ApiError::BodyTooLarge {
+                    limit: state.limits.max_body_bytes,
+                }
             } else {
                 ApiError::MalformedJson {
                     detail: format!("could not read the request body: {rejection}"),

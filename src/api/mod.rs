@@ -10,11 +10,15 @@ mod outcomes;
 mod parents;
 mod reconcile;
 
+use std::time::Duration;
+
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -62,13 +66,21 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     routes().into_openapi()
 }
 
-pub fn router(state: AppState) -> axum::Router {
+/// The service's router. The limits sit inside the problem layer, so their
+/// rejections come out as problem+json too.
+pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
     let (router, api) = routes().split_for_parts();
     router
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(route_not_found)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(state.limits.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            request_timeout,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), ops::track))
-        .layer(middleware::from_fn(problem_for_every_error))
+        .layer(middleware::from_fn_with_state(state.clone(), problem_for_every_error))
         .with_state(state)
 }
 
@@ -78,7 +90,7 @@ async fn route_not_found(method: Method, uri: axum::http::Uri) -> ApiError {
 
 /// Rewrites any error response that is not already problem+json (axum's own
 /// 405, a body-limit 413, a timeout) into one, so every 4xx/5xx has our shape.
-async fn problem_for_every_error(request: Request, next: Next) -> Response {
+async fn problem_for_every_error(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let response = next.run(request).await;
@@ -97,11 +109,11 @@ async fn problem_for_every_error(request: Request, next: Next) -> Response {
     let allow = response.headers().get(header::ALLOW).cloned();
     let error = match status {
         StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed(format!("{method} {path}")),
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge { limit: 0 },
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge {
+            limit: state.limits.max_body_bytes,
+        },
         StatusCode::NOT_FOUND => ApiError::RouteNotFound(format!("{method} {path}")),
-        StatusCode::REQUEST_TIMEOUT | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
-            ApiError::Internal(anyhow::anyhow!("{method} {path} answered {status} by a layer"))
-        }
+        StatusCode::SERVICE_UNAVAILABLE => ApiError::TimedOut(format!("{method} {path}")),
         other => {
             let (_, body) = response.into_parts();
             let bytes = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();

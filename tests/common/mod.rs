@@ -92,6 +92,7 @@ pub struct TestApp {
     pub database_url: String,
     store: Store,
     server: tokio::task::JoinHandle<()>,
+    reaper: tokio::task::JoinHandle<()>,
     _dir: Option<TempDir>,
 }
 
@@ -137,6 +138,8 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
     let store = Store::connect(&database_url).await.expect("connect store");
     store.migrate().await.expect("migrate");
     let state = AppState::new(store.clone(), limits);
+    // The reaper runs as in production, beside the sweep that short claims do.
+    let reaper = tokio::spawn(child_ledger::reap_expired_leases(state.clone(), Duration::from_secs(1)));
     let router = app(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -153,6 +156,7 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
         database_url,
         store,
         server,
+        reaper,
         _dir: dir,
     }
 }
@@ -160,6 +164,7 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.server.abort();
+        self.reaper.abort();
         if self.backend == Backend::Postgres {
             // Drop the test's database so runs do not pile them up; FORCE ends
             // the pool's connections that are still open.
