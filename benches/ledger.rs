@@ -1,0 +1,751 @@
+//! child-ledger's benchmark suite: `cargo bench --bench ledger [-- --quick] [-- --json PATH]`.
+//!
+//! Starts the release service (the crate's own binary) against scratch
+//! Postgres databases and a scratch SQLite file, runs every scenario with its
+//! baseline measured in the same run, prints a table and optionally writes
+//! `{"scenarios": [...]}` as JSON. It cleans up after itself.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use child_ledger::ledger::{ClaimRequest, ClaimScope, Outcome, OutcomeWrite, ParentId, QueueName};
+use child_ledger::store::Store;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::Connection;
+
+const WORKERS: usize = 8;
+
+struct Args {
+    quick: bool,
+    json: Option<PathBuf>,
+    admin_url: String,
+    peers: bool,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        quick: false,
+        json: None,
+        admin_url: std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned()),
+        peers: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => args.quick = true,
+            "--no-peers" => args.peers = false,
+            "--json" => args.json = it.next().map(PathBuf::from),
+            "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
+            // cargo bench passes --bench; ignore anything else it adds.
+            _ => {}
+        }
+    }
+    if args.quick {
+        args.peers = false;
+    }
+    args
+}
+
+struct Sizes {
+    register: usize,
+    burn: usize,
+    queue_parents: usize,
+    scale_rows: i64,
+    peers_jobs: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                register: 20_000,
+                burn: 20_000,
+                queue_parents: 20,
+                scale_rows: 500_000,
+                peers_jobs: 0,
+            }
+        } else {
+            Self {
+                register: 100_000,
+                burn: 200_000,
+                queue_parents: 100,
+                scale_rows: 10_000_000,
+                peers_jobs: 200_000,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Scenario {
+    name: String,
+    unit: String,
+    value: f64,
+    baseline: Option<String>,
+    baseline_value: Option<f64>,
+    ratio: Option<f64>,
+    target: Option<String>,
+}
+
+impl Scenario {
+    fn new(name: &str, unit: &str, value: f64) -> Self {
+        Self {
+            name: name.to_owned(),
+            unit: unit.to_owned(),
+            value,
+            baseline: None,
+            baseline_value: None,
+            ratio: None,
+            target: None,
+        }
+    }
+
+    fn against(mut self, baseline: &str, baseline_value: f64) -> Self {
+        self.baseline = Some(baseline.to_owned());
+        self.baseline_value = Some(baseline_value);
+        self.ratio = Some(self.value / baseline_value);
+        self
+    }
+
+    fn target(mut self, target: &str) -> Self {
+        self.target = Some(target.to_owned());
+        self
+    }
+
+    fn met(&self) -> Option<bool> {
+        let target = self.target.as_deref()?;
+        let (op, bound) = target.split_once(' ')?;
+        let bound: f64 = bound.trim_end_matches(" MiB").trim_end_matches('x').parse().ok()?;
+        let value = if target.ends_with("MiB") {
+            self.value
+        } else {
+            self.ratio?
+        };
+        Some(match op {
+            ">=" => value >= bound,
+            "<=" => value <= bound,
+            _ => return None,
+        })
+    }
+}
+
+/// A release service process on a free port.
+struct Service {
+    child: tokio::process::Child,
+    base: String,
+    pid: u32,
+}
+
+impl Service {
+    async fn start(database_url: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--database-url", database_url])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start child-ledger");
+        let pid = child.id().unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(r) = client.get(format!("{base}/readyz")).send().await
+                && r.status().is_success()
+            {
+                return Self { child, base, pid };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("child-ledger did not become ready on {base}");
+    }
+
+    /// Peak resident set size of the process so far, in MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .unwrap_or(f64::NAN)
+    }
+
+    async fn stop(mut self) -> f64 {
+        let peak = self.peak_rss_mib();
+        let _ = self.child.kill().await;
+        peak
+    }
+}
+
+/// A scratch Postgres database, dropped at the end.
+struct ScratchDb {
+    admin_url: String,
+    name: String,
+    url: String,
+}
+
+impl ScratchDb {
+    async fn create(admin_url: &str, tag: &str) -> Self {
+        let name = format!("ledger_bench_{tag}_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(admin_url).await.expect("connect admin");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let root = admin_url.rsplit_once('/').map(|(r, _)| r).unwrap_or(admin_url);
+        Self {
+            admin_url: admin_url.to_owned(),
+            url: format!("{root}/{name}"),
+            name,
+        }
+    }
+
+    async fn drop_now(self) {
+        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            )))
+            .execute(&mut admin)
+            .await;
+        }
+    }
+}
+
+fn payload(i: usize) -> serde_json::Value {
+    // ~100 bytes of JSON per child.
+    json!({"event": i, "source": "bench", "body": "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"})
+}
+
+fn registration_body(n: usize, queue: &str, decomposed: bool) -> Vec<u8> {
+    let children: Vec<_> = (0..n).map(|i| json!({"payload": payload(i)})).collect();
+    serde_json::to_vec(&json!({"queue": queue, "children": children, "decomposed": decomposed})).unwrap()
+}
+
+async fn put_raw(client: &reqwest::Client, url: &str, body: Vec<u8>) -> reqwest::StatusCode {
+    client
+        .put(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// Registers `n` children under one parent, in pages of 100k (append + seal beyond).
+async fn register(client: &reqwest::Client, base: &str, parent: &str, queue: &str, n: usize) {
+    const PAGE: usize = 100_000;
+    if n <= PAGE {
+        let status = put_raw(
+            client,
+            &format!("{base}/v1/parents/{parent}"),
+            registration_body(n, queue, true),
+        )
+        .await;
+        assert!(status.is_success(), "register {parent}: {status}");
+        return;
+    }
+    let status = put_raw(
+        client,
+        &format!("{base}/v1/parents/{parent}"),
+        registration_body(0, queue, false),
+    )
+    .await;
+    assert!(status.is_success(), "register {parent}: {status}");
+    for start in (0..n).step_by(PAGE) {
+        let children: Vec<_> = (start..(start + PAGE).min(n))
+            .map(|i| json!({"sequence": i, "payload": payload(i)}))
+            .collect();
+        let r = client
+            .post(format!("{base}/v1/parents/{parent}/children"))
+            .json(&json!({ "children": children }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "append {parent}: {}", r.status());
+    }
+    let r = client
+        .post(format!("{base}/v1/parents/{parent}/seal"))
+        .json(&json!({"total": n}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "seal {parent}: {}", r.status());
+}
+
+#[derive(Deserialize)]
+struct ClaimReply {
+    claim_id: uuid::Uuid,
+    children: Vec<ClaimedRef>,
+}
+
+#[derive(Deserialize)]
+struct ClaimedRef {
+    parent_id: String,
+    sequence: i64,
+}
+
+#[derive(Serialize)]
+struct OutcomeItem<'a> {
+    parent_id: &'a str,
+    sequence: i64,
+    outcome: &'static str,
+    claim_id: uuid::Uuid,
+}
+
+/// One HTTP worker: claim a chunk, post its outcomes in batches of 100,
+/// until a claim comes back empty. Returns the children it finished.
+async fn http_worker(client: reqwest::Client, claim_url: String, outcomes_url: String, limit: usize) -> u64 {
+    let claim_body = serde_json::to_vec(&json!({"limit": limit, "lease_seconds": 600})).unwrap();
+    let mut done = 0;
+    loop {
+        let reply = client
+            .post(&claim_url)
+            .header("content-type", "application/json")
+            .body(claim_body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert!(reply.status().is_success(), "claim: {}", reply.status());
+        let claim: ClaimReply = serde_json::from_slice(&reply.bytes().await.unwrap()).unwrap();
+        if claim.children.is_empty() {
+            return done;
+        }
+        for chunk in claim.children.chunks(100) {
+            let items: Vec<_> = chunk
+                .iter()
+                .map(|c| OutcomeItem {
+                    parent_id: &c.parent_id,
+                    sequence: c.sequence,
+                    outcome: "processed",
+                    claim_id: claim.claim_id,
+                })
+                .collect();
+            let r = client
+                .post(&outcomes_url)
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&json!({ "outcomes": items })).unwrap())
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "outcomes: {}", r.status());
+            done += chunk.len() as u64;
+        }
+    }
+}
+
+/// Drains claimable work over HTTP with `workers` concurrent workers; each
+/// worker uses its own claim path. Returns children/s.
+async fn burn_down_http(base: &str, claim_paths: &[String], limit: usize, expected: u64) -> f64 {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let started = Instant::now();
+    let workers: Vec<_> = claim_paths
+        .iter()
+        .map(|path| {
+            tokio::spawn(http_worker(
+                client.clone(),
+                format!("{base}{path}"),
+                format!("{base}/v1/outcomes"),
+                limit,
+            ))
+        })
+        .collect();
+    let mut done = 0;
+    for w in workers {
+        done += w.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(done, expected, "burn-down finished a different number of children");
+    done as f64 / elapsed
+}
+
+/// The same loop as `http_worker`, calling the store in-process.
+async fn burn_down_inprocess(store: &Store, scopes: &[ClaimScope], limit: i64, expected: u64) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = scopes
+        .iter()
+        .cloned()
+        .map(|scope| {
+            let store = store.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                loop {
+                    let request = ClaimRequest {
+                        scope: scope.clone(),
+                        claim_id: uuid::Uuid::new_v4(),
+                        limit,
+                        lease_seconds: 600,
+                        worker: None,
+                    };
+                    let claim = store.claim(&request).await.unwrap();
+                    if claim.children.is_empty() {
+                        return;
+                    }
+                    for chunk in claim.children.chunks(100) {
+                        let writes: Vec<_> = chunk
+                            .iter()
+                            .map(|c| OutcomeWrite {
+                                parent_id: c.parent_id.clone(),
+                                sequence: c.sequence,
+                                outcome: Outcome::Processed,
+                                reason: None,
+                                result: None,
+                                claim_id: Some(claim.claim_id),
+                            })
+                            .collect();
+                        store.record_outcomes(&writes).await.unwrap();
+                        done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(done.load(Ordering::Relaxed), expected);
+    expected as f64 / elapsed
+}
+
+fn parent_paths(parent: &str, n: usize) -> Vec<String> {
+    vec![format!("/v1/parents/{parent}/claims"); n]
+}
+
+fn parent_scopes(parent: &str, n: usize) -> Vec<ClaimScope> {
+    vec![ClaimScope::Parent(ParentId::parse(parent).unwrap()); n]
+}
+
+/// `COPY` of rows identical to what a registration writes, into the same table.
+async fn copy_baseline(database_url: &str, parent: &str, n: usize) -> f64 {
+    let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+    sqlx::query("INSERT INTO parent (parent_id, queue, fingerprint) VALUES ($1, 'copy', 'copy')")
+        .bind(parent)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let mut data = Vec::with_capacity(n * 140);
+    for i in 0..n {
+        let line = format!("{parent}\t{i}\t{}\tpending\n", payload(i));
+        data.extend_from_slice(line.as_bytes());
+    }
+    let started = Instant::now();
+    let mut copy = conn
+        .copy_in_raw("COPY child (parent_id, sequence, payload, state) FROM STDIN")
+        .await
+        .unwrap();
+    copy.send(data).await.unwrap();
+    copy.finish().await.unwrap();
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Registers fresh parents and returns the best children/s of `runs`.
+async fn register_rate(base: &str, tag: &str, n: usize, runs: usize) -> f64 {
+    let client = reqwest::Client::new();
+    let mut best: f64 = 0.0;
+    for run in 0..runs {
+        let body = registration_body(n, "register", true);
+        let started = Instant::now();
+        let status = put_raw(&client, &format!("{base}/v1/parents/{tag}-{run}"), body).await;
+        assert_eq!(status, reqwest::StatusCode::CREATED);
+        best = best.max(n as f64 / started.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// p50 and p99 of `samples` sequential claims (limit 100) on one parent, in ms.
+async fn claim_latency(base: &str, parent: &str, samples: usize) -> (f64, f64) {
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/parents/{parent}/claims");
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        let r = client
+            .post(&url)
+            .json(&json!({"limit": 100, "lease_seconds": 600}))
+            .send()
+            .await
+            .unwrap();
+        let claim: ClaimReply = r.json().await.unwrap();
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(claim.children.len(), 100, "the latency parent ran dry");
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pick = |q: f64| times[((times.len() as f64 - 1.0) * q).round() as usize];
+    (pick(0.5), pick(0.99))
+}
+
+/// Fills the ledger with terminal children of many parents, straight in SQL.
+async fn fill_terminal(database_url: &str, rows: i64) {
+    const PER_PARENT: i64 = 10_000;
+    let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+    let parents = (rows / PER_PARENT).max(1);
+    sqlx::query(
+        "INSERT INTO parent (parent_id, queue, fingerprint, total, processed, decomposed_at, completed_at) \
+         SELECT 'done-' || p, 'done', 'x', $1, $1, now(), now() FROM generate_series(1, $2) p",
+    )
+    .bind(PER_PARENT)
+    .bind(parents)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO child (parent_id, sequence, payload, state, attempts, terminal_at, outcome_attempt) \
+         SELECT 'done-' || p, s, jsonb_build_object('event', s, 'source', 'fill'), 'processed', 1, now(), 1 \
+         FROM generate_series(1, $2) p, generate_series(0, $1 - 1) s",
+    )
+    .bind(PER_PARENT)
+    .bind(parents)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE child").execute(&mut conn).await.unwrap();
+}
+
+#[derive(Deserialize)]
+struct PeerResult {
+    peer: String,
+    version: String,
+    jobs_per_second: f64,
+    settings: String,
+}
+
+/// Runs one peer's drain script; installs the peers' packages when missing.
+async fn run_peer(script: &str, admin_url: &str, jobs: usize) -> Option<PeerResult> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers");
+    if !dir.join("node_modules").exists() {
+        let status = tokio::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .await;
+        if !matches!(status, Ok(s) if s.success()) {
+            eprintln!("npm ci failed in {}: peers skipped", dir.display());
+            return None;
+        }
+    }
+    let output = tokio::process::Command::new("node")
+        .args([
+            script,
+            "--database-url",
+            admin_url,
+            "--jobs",
+            &jobs.to_string(),
+            "--concurrency",
+            &WORKERS.to_string(),
+        ])
+        .current_dir(&dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .ok()?;
+    if !output.status.success() {
+        eprintln!("{script} failed: {}", output.status);
+        return None;
+    }
+    let line = String::from_utf8_lossy(&output.stdout).lines().last()?.to_owned();
+    serde_json::from_str(&line).ok()
+}
+
+fn print_table(scenarios: &[Scenario]) {
+    println!(
+        "\n{:<34} {:>14} {:<12} {:<28} {:>14} {:>7} {:<10} {}",
+        "scenario", "value", "unit", "baseline", "baseline value", "ratio", "target", "met"
+    );
+    for s in scenarios {
+        println!(
+            "{:<34} {:>14.1} {:<12} {:<28} {:>14} {:>7} {:<10} {}",
+            s.name,
+            s.value,
+            s.unit,
+            s.baseline.as_deref().unwrap_or("-"),
+            s.baseline_value
+                .map(|v| format!("{v:.1}"))
+                .unwrap_or_else(|| "-".to_owned()),
+            s.ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".to_owned()),
+            s.target.as_deref().unwrap_or("-"),
+            match s.met() {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            }
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = parse_args();
+    let sizes = Sizes::new(args.quick);
+    let run_started = Instant::now();
+    let mut scenarios = Vec::new();
+    let mut peak_rss: f64 = 0.0;
+    eprintln!(
+        "child-ledger bench ({}), Postgres admin {}",
+        if args.quick { "quick" } else { "full" },
+        args.admin_url
+    );
+
+    // --- Postgres: registration, burn-downs, hot parent ---------------------
+    let db = ScratchDb::create(&args.admin_url, "pg").await;
+    let service = Service::start(&db.url).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let base = service.base.clone();
+    let client = reqwest::Client::new();
+
+    eprintln!("register_{}k ...", sizes.register / 1000);
+    let ours = register_rate(&base, "reg", sizes.register, 3).await;
+    let mut copy: f64 = 0.0;
+    for run in 0..3 {
+        copy = copy.max(copy_baseline(&db.url, &format!("copy-{run}"), sizes.register).await);
+    }
+    scenarios.push(
+        Scenario::new("register_100k", "children/s", ours)
+            .against("copy", copy)
+            .target(">= 0.5"),
+    );
+
+    eprintln!("burn_down one parent, {} children ...", sizes.burn);
+    register(&client, &base, "burn-http", "burn", sizes.burn).await;
+    let http = burn_down_http(&base, &parent_paths("burn-http", WORKERS), 100, sizes.burn as u64).await;
+    register(&client, &base, "burn-inproc", "burn", sizes.burn).await;
+    let inproc = burn_down_inprocess(&store, &parent_scopes("burn-inproc", WORKERS), 100, sizes.burn as u64).await;
+    scenarios.push(
+        Scenario::new("burn_down_http", "children/s", http)
+            .against("burn_down_inprocess", inproc)
+            .target(">= 0.7"),
+    );
+    scenarios.push(Scenario::new("burn_down_inprocess", "children/s", inproc));
+
+    eprintln!("burn_down through a queue of {} parents ...", sizes.queue_parents);
+    let per_parent = sizes.burn / sizes.queue_parents;
+    for (queue, tag) in [("qhttp", "qh"), ("qinproc", "qi")] {
+        for p in 0..sizes.queue_parents {
+            register(&client, &base, &format!("{tag}-{p}"), queue, per_parent).await;
+        }
+    }
+    let total = (per_parent * sizes.queue_parents) as u64;
+    let http_q = burn_down_http(&base, &vec!["/v1/queues/qhttp/claims".to_owned(); WORKERS], 100, total).await;
+    let scopes = vec![ClaimScope::Queue(QueueName::parse("qinproc").unwrap()); WORKERS];
+    let inproc_q = burn_down_inprocess(&store, &scopes, 100, total).await;
+    scenarios.push(
+        Scenario::new("burn_down_http.queue_parents", "children/s", http_q)
+            .against("burn_down_inprocess.queue", inproc_q)
+            .target(">= 0.7"),
+    );
+
+    for (limit, n) in [(1usize, sizes.burn / 20), (10, sizes.burn / 4), (1000, sizes.burn)] {
+        eprintln!("burn_down claim size {limit}, {n} children ...");
+        let parent = format!("size-{limit}");
+        register(&client, &base, &parent, "sizes", n).await;
+        let rate = burn_down_http(&base, &parent_paths(&parent, WORKERS), limit, n as u64).await;
+        let parent = format!("size-{limit}-inproc");
+        register(&client, &base, &parent, "sizes", n).await;
+        let base_rate = burn_down_inprocess(&store, &parent_scopes(&parent, WORKERS), limit as i64, n as u64).await;
+        scenarios.push(
+            Scenario::new(&format!("burn_down_http.claim_{limit}"), "children/s", rate)
+                .against(&format!("burn_down_inprocess.claim_{limit}"), base_rate),
+        );
+    }
+
+    eprintln!("hot_parent ...");
+    let hot_n = sizes.burn / 2;
+    register(&client, &base, "hot", "hot", hot_n).await;
+    let hot = burn_down_http(&base, &parent_paths("hot", WORKERS), 100, hot_n as u64).await;
+    let mut spread_paths = Vec::new();
+    for w in 0..WORKERS {
+        register(&client, &base, &format!("spread-{w}"), "spread", hot_n / WORKERS).await;
+        spread_paths.push(format!("/v1/parents/spread-{w}/claims"));
+    }
+    let spread = burn_down_http(&base, &spread_paths, 100, (hot_n / WORKERS * WORKERS) as u64).await;
+    scenarios.push(
+        Scenario::new("hot_parent", "children/s", hot)
+            .against("8 workers on 8 parents", spread)
+            .target(">= 0.8"),
+    );
+
+    peak_rss = peak_rss.max(service.stop().await);
+    drop(store);
+    db.drop_now().await;
+
+    // --- Postgres: claim latency at 10k rows and at scale --------------------
+    eprintln!("claim_latency_scale: 10k rows ...");
+    let db = ScratchDb::create(&args.admin_url, "scale").await;
+    let service = Service::start(&db.url).await;
+    register(&client, &service.base, "latency-small", "latency", 10_000).await;
+    let (p50_small, p99_small) = claim_latency(&service.base, "latency-small", 99).await;
+    eprintln!("claim_latency_scale: filling {} terminal rows ...", sizes.scale_rows);
+    fill_terminal(&db.url, sizes.scale_rows).await;
+    register(&client, &service.base, "latency-big", "latency", 10_000).await;
+    let (p50_big, p99_big) = claim_latency(&service.base, "latency-big", 99).await;
+    let scale = format!("{}M rows", sizes.scale_rows as f64 / 1e6);
+    scenarios.push(
+        Scenario::new(&format!("claim_latency_scale.p99 ({scale})"), "ms", p99_big)
+            .against("p99 at 10k rows", p99_small)
+            .target("<= 1.5"),
+    );
+    scenarios.push(
+        Scenario::new(&format!("claim_latency_scale.p50 ({scale})"), "ms", p50_big)
+            .against("p50 at 10k rows", p50_small),
+    );
+    peak_rss = peak_rss.max(service.stop().await);
+    db.drop_now().await;
+
+    // --- Peers on the same Postgres -------------------------------------------
+    if args.peers {
+        for script in ["graphile.mjs", "pgboss.mjs"] {
+            eprintln!("peer {script}, {} jobs ...", sizes.peers_jobs);
+            if let Some(peer) = run_peer(script, &args.admin_url, sizes.peers_jobs).await {
+                eprintln!("{} {}: {}", peer.peer, peer.version, peer.settings);
+                scenarios.push(
+                    Scenario::new(&format!("peers.{}", peer.peer), "children/s", http)
+                        .against(&format!("{} {}", peer.peer, peer.version), peer.jobs_per_second)
+                        .target(">= 1.0"),
+                );
+            }
+        }
+    }
+
+    // --- SQLite ----------------------------------------------------------------
+    eprintln!("sqlite ...");
+    let dir = std::env::temp_dir().join(format!("child-ledger-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let service = Service::start(&format!("sqlite://{}", dir.join("bench.db").display())).await;
+    let sqlite_register = register_rate(&service.base, "reg", sizes.register, 3).await;
+    scenarios.push(
+        Scenario::new("sqlite.register_100k", "children/s", sqlite_register).against("register_100k (Postgres)", ours),
+    );
+    register(&client, &service.base, "burn", "burn", sizes.burn).await;
+    let sqlite_burn = burn_down_http(&service.base, &parent_paths("burn", WORKERS), 100, sizes.burn as u64).await;
+    scenarios.push(
+        Scenario::new("sqlite.burn_down_http", "children/s", sqlite_burn).against("burn_down_http (Postgres)", http),
+    );
+    let sqlite_rss = service.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    scenarios.push(Scenario::new("memory", "MiB", peak_rss.max(sqlite_rss)).target("<= 150 MiB"));
+
+    print_table(&scenarios);
+    println!("\nwhole run: {:.0} s", run_started.elapsed().as_secs_f64());
+    if let Some(path) = args.json {
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&json!({ "scenarios": scenarios })).unwrap(),
+        )
+        .unwrap();
+        eprintln!("wrote {}", path.display());
+    }
+}
