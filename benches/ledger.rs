@@ -562,8 +562,8 @@ async fn run_peer(script: &str, admin_url: &str, jobs: usize) -> Option<PeerResu
 
 fn print_table(scenarios: &[Scenario]) {
     println!(
-        "\n{:<34} {:>14} {:<12} {:<28} {:>14} {:>7} {:<10} {}",
-        "scenario", "value", "unit", "baseline", "baseline value", "ratio", "target", "met"
+        "\n{:<34} {:>14} {:<12} {:<28} {:>14} {:>7} {:<10} met",
+        "scenario", "value", "unit", "baseline", "baseline value", "ratio", "target"
     );
     for s in scenarios {
         println!(
