@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use std::collections::HashMap;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -40,7 +41,8 @@ pub struct RegisterParent {
     queue: Option<QueueName>,
     /// Retained parent payload (e.g. the remote response a legacy parent still needs decomposed).
     payload: Option<Value>,
-    /// The children; `children[i]` gets `sequence = i`.
+    /// The children; `children[i]` gets `sequence = i`. At most 100,000 (configurable)
+    /// per request: use append + seal beyond that.
     #[serde(default)]
     children: Vec<ChildSpec>,
     /// `true` (default): the list is complete, and rows and the decomposed mark are
@@ -59,7 +61,8 @@ pub struct RegisterParent {
 #[serde(deny_unknown_fields)]
 pub struct ChildSpec {
     /// The work item, any JSON.
-    payload: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    payload: Option<Box<RawValue>>,
     /// Optional client identity (e.g. an event id), unique within the parent.
     #[schema(max_length = 200)]
     key: Option<String>,
@@ -75,7 +78,8 @@ pub struct ChildSpec {
 pub struct AppendChild {
     #[schema(minimum = 0)]
     sequence: i64,
-    payload: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    payload: Option<Box<RawValue>>,
     #[schema(max_length = 200)]
     key: Option<String>,
     #[schema(max_length = 1000)]
@@ -100,7 +104,7 @@ pub struct SealParent {
 fn new_child(
     field: &str,
     sequence: i64,
-    payload: Option<Value>,
+    payload: Option<Box<RawValue>>,
     key: Option<String>,
     skip: Option<String>,
     keys: &mut HashMap<String, i64>,
@@ -123,10 +127,14 @@ fn new_child(
         }
         max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
     }
+    let payload = match payload {
+        Some(payload) => payload,
+        None => RawValue::from_string("null".to_owned()).map_err(anyhow::Error::from)?,
+    };
     Ok(NewChild {
         sequence,
         key,
-        payload: payload.unwrap_or(Value::Null),
+        payload,
         skip,
     })
 }

@@ -46,6 +46,29 @@ fn hash_str(hasher: &mut Sha256, s: &str) {
     hasher.update(s.as_bytes());
 }
 
+/// Feeds JSON text to the hasher without the whitespace between tokens, so a
+/// re-serialised but identical payload hashes the same.
+fn hash_json_text(hasher: &mut Sha256, text: &str) {
+    let mut minified = Vec::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            minified.push(b);
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else if !b.is_ascii_whitespace() {
+            in_string = b == b'"';
+            minified.push(b);
+        }
+    }
+    hasher.update((minified.len() as u64).to_le_bytes());
+    hasher.update(&minified);
+}
+
 fn hash_opt_str(hasher: &mut Sha256, s: Option<&str>) {
     match s {
         None => hasher.update(b"-"),
@@ -81,7 +104,7 @@ pub fn fingerprint(content: &RegistrationContent<'_>) -> String {
         hasher.update(child.sequence.to_le_bytes());
         hash_opt_str(&mut hasher, child.key.as_deref());
         hash_opt_str(&mut hasher, child.skip.as_deref());
-        hash_value(&mut hasher, &child.payload);
+        hash_json_text(&mut hasher, child.payload.get());
     }
     let digest = hasher.finalize();
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -107,16 +130,31 @@ mod tests {
         NewChild {
             sequence: 0,
             key: None,
-            payload,
+            payload: serde_json::value::to_raw_value(&payload).unwrap(),
+            skip: None,
+        }
+    }
+
+    fn raw_child(text: &str) -> NewChild {
+        NewChild {
+            sequence: 0,
+            key: None,
+            payload: serde_json::from_str(text).unwrap(),
             skip: None,
         }
     }
 
     #[test]
-    fn key_order_does_not_matter() {
-        let a = [child(serde_json::from_str(r#"{"a":1,"b":[1,2]}"#).unwrap())];
-        let b = [child(serde_json::from_str(r#"{ "b":[1,2], "a":1 }"#).unwrap())];
+    fn whitespace_between_tokens_does_not_matter() {
+        let a = [raw_child(r#"{"a":1,"b":[1,2],"s":"x y"}"#)];
+        let b = [raw_child("{ \"a\" : 1,\n \"b\": [1, 2], \"s\": \"x y\" }")];
         assert_eq!(fingerprint(&content("q", &a)), fingerprint(&content("q", &b)));
+        // Whitespace inside strings, and escaped quotes, are content.
+        let c = [raw_child(r#"{"a":1,"b":[1,2],"s":"x  y"}"#)];
+        assert_ne!(fingerprint(&content("q", &a)), fingerprint(&content("q", &c)));
+        let d = [raw_child(r#"{"s":"a\" b"}"#)];
+        let e = [raw_child(r#"{"s":"a\"b"}"#)];
+        assert_ne!(fingerprint(&content("q", &d)), fingerprint(&content("q", &e)));
     }
 
     #[test]

@@ -751,7 +751,7 @@ async fn lock_decomposing_parent(tx: &mut Transaction<'_, Postgres>, parent_id: 
     }
 }
 
-type ChildArrays<'a> = (Vec<i64>, Vec<Option<&'a str>>, Vec<String>, Vec<Option<&'a str>>);
+type ChildArrays<'a> = (Vec<i64>, Vec<Option<&'a str>>, Vec<&'a str>, Vec<Option<&'a str>>);
 
 fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
     let mut arrays = (
@@ -763,7 +763,7 @@ fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
     for child in children {
         arrays.0.push(child.sequence);
         arrays.1.push(child.key.as_deref());
-        arrays.2.push(child.payload.to_string());
+        arrays.2.push(child.payload.get());
         arrays.3.push(child.skip.as_deref());
     }
     arrays

@@ -701,9 +701,9 @@ fn not_found_parent(parent_id: &ParentId) -> ApiError {
 /// Children as one compact JSON array of `[sequence, key, payload, skip]`, so a
 /// whole registration is written by one statement reading `json_each`.
 fn children_json(children: &[NewChild]) -> String {
-    let rows: Vec<(i64, Option<&str>, &Value, Option<&str>)> = children
+    let rows: Vec<(i64, Option<&str>, &serde_json::value::RawValue, Option<&str>)> = children
         .iter()
-        .map(|c| (c.sequence, c.key.as_deref(), &c.payload, c.skip.as_deref()))
+        .map(|c| (c.sequence, c.key.as_deref(), &*c.payload, c.skip.as_deref()))
         .collect();
     serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned())
 }
