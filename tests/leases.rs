@@ -91,6 +91,46 @@ async fn release(app: &TestApp, claim_id: &str, body: Value) -> Value {
     r.body
 }
 
+/// Claims start where the last claim of the parent did; a lower child that is
+/// pending again (released here, or put back by another replica) still goes
+/// out first.
+async fn lower_child_pending_again_comes_first(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "F", json!({"children": children(300)})).await;
+    let first = claim(&app, "F", 100, 300, "w").await;
+    assert_eq!(sequences(&first), (0..100).collect::<Vec<_>>());
+    let second = claim(&app, "F", 100, 300, "w").await;
+    assert_eq!(sequences(&second), (100..200).collect::<Vec<_>>());
+
+    // Released through this service.
+    let first_id = first["claim_id"].as_str().unwrap();
+    release(&app, first_id, json!({"children": [{"parent_id": "F", "sequence": 5}]})).await;
+    let third = claim(&app, "F", 1, 300, "w").await;
+    assert_eq!(sequences(&third), [5]);
+
+    // Put back behind this service's back, as another replica's release would:
+    // the next claim fills up from higher sequences, then one that comes back
+    // short looks from the start again.
+    app.exec(
+        "UPDATE child SET state = 'pending', previous_attempt = 'released' WHERE parent_id = 'F' AND sequence = 7",
+    )
+    .await;
+    let fourth = claim(&app, "F", 100, 300, "w").await;
+    let fifth = claim(&app, "F", 100, 300, "w").await;
+    let mut rest: Vec<u64> = sequences(&fourth).into_iter().chain(sequences(&fifth)).collect();
+    rest.sort_unstable();
+    let mut expected: Vec<u64> = (200..300).collect();
+    expected.push(7);
+    expected.sort_unstable();
+    assert_eq!(rest, expected);
+    assert!(
+        claim(&app, "F", 100, 300, "w").await["children"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
 async fn lease_expiry_hands_child_out_again(backend: Backend) {
     let app = spawn_app(backend).await;
     register(&app, "P", json!({"children": children(1)})).await;
@@ -314,4 +354,5 @@ both_stores!(
     stale_claim_is_fenced,
     attempts_run_out,
     hold_policy_waits_for_a_decision,
+    lower_child_pending_again_comes_first,
 );

@@ -2,9 +2,11 @@
 //! embedded default. The backend is chosen once, from the database URL; all
 //! SQL lives in `postgres.rs` and `sqlite.rs`.
 
+mod floors;
 mod postgres;
 mod sqlite;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,8 +15,8 @@ use uuid::Uuid;
 
 use crate::error::ApiResult;
 use crate::ledger::{
-    Appended, Child, ChildState, Claim, ClaimRequest, NewChild, OutcomeStatus, OutcomeWrite, Parent, ParentId,
-    QueueName, ReconcileReport, Registration, SweepReport,
+    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, NewChild, OutcomeStatus, OutcomeWrite, Parent,
+    ParentId, QueueName, ReconcileReport, Registration, SweepReport,
 };
 
 pub use postgres::PgStore;
@@ -41,8 +43,15 @@ impl Default for StoreOptions {
     }
 }
 
+/// The ledger's store: one backend, chosen once from the URL.
 #[derive(Debug, Clone)]
-pub enum Store {
+pub struct Store {
+    db: Db,
+    floors: Arc<floors::ClaimFloors>,
+}
+
+#[derive(Debug, Clone)]
+enum Db {
     Postgres(PgStore),
     Sqlite(SqliteStore),
 }
@@ -82,9 +91,9 @@ pub struct ChildRef {
 
 macro_rules! dispatch {
     ($self:ident, $store:ident => $call:expr) => {
-        match $self {
-            Store::Postgres($store) => $call,
-            Store::Sqlite($store) => $call,
+        match &$self.db {
+            Db::Postgres($store) => $call,
+            Db::Sqlite($store) => $call,
         }
     };
 }
@@ -97,22 +106,29 @@ impl Store {
 
     pub async fn connect_with(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Self::Postgres(
+            Ok(Self::new(Db::Postgres(
                 PgStore::connect(url, options).await.context("connecting to Postgres")?,
-            ))
+            )))
         } else if url.starts_with("sqlite:") {
-            Ok(Self::Sqlite(
+            Ok(Self::new(Db::Sqlite(
                 SqliteStore::connect(url, options).await.context("opening SQLite")?,
-            ))
+            )))
         } else {
             anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…")
         }
     }
 
+    fn new(db: Db) -> Self {
+        Self {
+            db,
+            floors: Arc::default(),
+        }
+    }
+
     pub fn backend(&self) -> &'static str {
-        match self {
-            Self::Postgres(_) => "postgres",
-            Self::Sqlite(_) => "sqlite",
+        match self.db {
+            Db::Postgres(_) => "postgres",
+            Db::Sqlite(_) => "sqlite",
         }
     }
 
@@ -137,7 +153,9 @@ impl Store {
     }
 
     pub async fn seal(&self, parent_id: &ParentId, total: i64) -> ApiResult<Parent> {
-        dispatch!(self, s => s.seal(parent_id, total).await)
+        let parent = dispatch!(self, s => s.seal(parent_id, total).await)?;
+        self.floors.forget(parent_id);
+        Ok(parent)
     }
 
     pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> ApiResult<Parent> {
@@ -162,22 +180,43 @@ impl Store {
         dispatch!(self, s => s.child(parent_id, sequence).await)
     }
 
-    /// Claims up to `limit` claimable children under one lease. When fewer are
-    /// pending, expired leases in the same scope are swept first and the claim
-    /// is topped up, so abandoned work comes back without waiting for the reaper.
+    /// Claims up to `limit` claimable children under one lease. A parent's
+    /// claim starts at its floor (see `floors`) and scans from 0 when that
+    /// comes back short. When still short, expired leases in the same scope are
+    /// swept and the claim is topped up, so abandoned work comes back without
+    /// waiting for the reaper.
     pub async fn claim(&self, request: &ClaimRequest) -> ApiResult<Claim> {
-        let mut claim = dispatch!(self, s => s.claim(request, request.limit).await)?;
-        let short = request.limit - claim.children.len() as i64;
-        if short > 0 && self.expire_leases(Some(&request.scope)).await? > 0 {
-            let more = dispatch!(self, s => s.claim(request, short).await)?;
-            claim.lease_expires_at = claim.lease_expires_at.or(more.lease_expires_at);
-            claim.children.extend(more.children);
+        let parent = match &request.scope {
+            ClaimScope::Parent(parent_id) => Some(parent_id),
+            ClaimScope::Queue(_) => None,
+        };
+        let floor = parent.map_or(0, |p| self.floors.floor(p));
+        let mut claim = dispatch!(self, s => s.claim(request, request.limit, floor).await)?;
+        if floor > 0 {
+            self.top_up(request, &mut claim, 0).await?;
+        }
+        if (claim.children.len() as i64) < request.limit && self.expire_leases(Some(&request.scope)).await? > 0 {
+            self.top_up(request, &mut claim, 0).await?;
+        }
+        if let (Some(parent_id), Some(lowest)) = (parent, claim.children.iter().map(|c| c.sequence).min()) {
+            self.floors.claimed(parent_id, lowest);
         }
         // RETURNING has no order: hand children out lowest sequence first.
         claim
             .children
             .sort_by(|a, b| (&a.parent_id, a.sequence).cmp(&(&b.parent_id, b.sequence)));
         Ok(claim)
+    }
+
+    /// Claims what `claim` is short of, scanning from `floor`.
+    async fn top_up(&self, request: &ClaimRequest, claim: &mut Claim, floor: i64) -> ApiResult<()> {
+        let short = request.limit - claim.children.len() as i64;
+        if short > 0 {
+            let more = dispatch!(self, s => s.claim(request, short, floor).await)?;
+            claim.lease_expires_at = claim.lease_expires_at.or(more.lease_expires_at);
+            claim.children.extend(more.children);
+        }
+        Ok(())
     }
 
     /// Extends every live lease of a claim. Returns how many and the new expiry.
@@ -187,12 +226,19 @@ impl Store {
 
     /// Returns a claim's children (all, or the named ones) to `pending`.
     pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
-        dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)
+        let released = dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)?;
+        match children {
+            Some(children) => children.iter().for_each(|c| self.floors.forget(&c.parent_id)),
+            None => self.floors.forget_all(),
+        }
+        Ok(released)
     }
 
     /// Returns a `held` child to `pending`.
     pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> ApiResult<Child> {
-        dispatch!(self, s => s.retry(parent_id, sequence).await)
+        let child = dispatch!(self, s => s.retry(parent_id, sequence).await)?;
+        self.floors.forget(parent_id);
+        Ok(child)
     }
 
     /// Records terminal outcomes in one transaction, first writer wins; the
@@ -239,12 +285,15 @@ impl Store {
 
     /// Moves children whose lease ran out to `pending`, `held` (hold policy) or
     /// `failed` (attempts exhausted), in `scope` or everywhere. Returns how many.
-    pub async fn expire_leases(&self, scope: Option<&crate::ledger::ClaimScope>) -> ApiResult<u64> {
+    pub async fn expire_leases(&self, scope: Option<&ClaimScope>) -> ApiResult<u64> {
         let mut moved = 0;
         loop {
             let batch = dispatch!(self, s => s.expire_leases(scope, EXPIRE_BATCH).await)?;
             moved += batch;
             if batch < EXPIRE_BATCH as u64 {
+                if moved > 0 {
+                    self.floors.forget_all();
+                }
                 return Ok(moved);
             }
         }
@@ -268,6 +317,41 @@ impl Store {
 pub(crate) struct DriftPage {
     pub checked: u64,
     pub drifted: Vec<ParentId>,
+}
+
+/// One parent of the drift scan: `(parent_id, position, total, processed,
+/// failed, skipped, completed, decomposed, rows_total, rows_processed,
+/// rows_failed, rows_skipped)`, the stored projection beside the row counts.
+pub(crate) type DriftRow = (String, i64, i64, i64, i64, i64, bool, bool, i64, i64, i64, i64);
+
+/// The drifted parents of one scanned page, and where the next page starts
+/// (`None` after the last page).
+pub(crate) fn drift_page(rows: Vec<DriftRow>, page: i64) -> (DriftPage, Option<i64>) {
+    let full = rows.len() as i64 == page;
+    let mut result = DriftPage {
+        checked: rows.len() as u64,
+        drifted: Vec::new(),
+    };
+    let mut last = None;
+    for (parent_id, position, total, processed, failed, skipped, completed, decomposed, rt, rp, rf, rs) in rows {
+        last = Some(position);
+        let stored = crate::ledger::projection::Tally {
+            total,
+            processed,
+            failed,
+            skipped,
+        };
+        let derived = crate::ledger::projection::Tally {
+            total: rt,
+            processed: rp,
+            failed: rf,
+            skipped: rs,
+        };
+        if stored != derived || completed != derived.is_complete(decomposed) {
+            result.drifted.push(ParentId::from_ledger(parent_id));
+        }
+    }
+    (result, if full { last } else { None })
 }
 
 /// Parses a stored enum value, turning a bad one into a decode error.

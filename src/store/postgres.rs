@@ -10,7 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::{ChildPage, ChildRef, DriftPage, ParentFilter, ParentPage, StoreOptions, parse_column};
+use super::{ChildPage, ChildRef, ParentFilter, ParentPage, StoreOptions, parse_column};
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
@@ -347,13 +347,13 @@ impl PgStore {
         fetch_child(&self.pool, parent_id, sequence).await
     }
 
-    pub async fn claim(&self, request: &ClaimRequest, limit: i64) -> ApiResult<Claim> {
+    pub async fn claim(&self, request: &ClaimRequest, limit: i64, floor: i64) -> ApiResult<Claim> {
         // The pick is one statement: lock the lowest claimable sequences, skipping
         // rows another claimer holds, and lease them in the same UPDATE.
         let pick = match &request.scope {
             ClaimScope::Parent(_) => {
                 "SELECT c.parent_id, c.sequence FROM child c \
-                 WHERE c.parent_id = $1 AND c.state = 'pending' \
+                 WHERE c.parent_id = $1 AND c.state = 'pending' AND c.sequence >= $6 \
                    AND (c.available_at IS NULL OR c.available_at <= now()) \
                    AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = $1 AND p.decomposed_at IS NOT NULL) \
                  ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED"
@@ -373,28 +373,30 @@ impl PgStore {
             ClaimScope::Parent(parent_id) => parent_id.as_str(),
             ClaimScope::Queue(queue) => queue.as_str(),
         };
-        let rows = retry_transient!(
-            sqlx::query(AssertSqlSafe(format!(
-                "WITH picked AS ({pick}) \
-                 UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, claim_id = $3, \
-                     claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), available_at = NULL \
-                 FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
-                 RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, \
-                     c.lease_expires_at"
-            )))
-            .bind(scope_key)
-            .bind(limit)
-            .bind(request.claim_id)
-            .bind(request.worker.as_deref())
-            .bind(request.lease_seconds as f64)
-            // Never a cached generic plan: one prepared while `child` was small
-            // would seq-scan it once it is big. Planning with the real values
-            // costs ~0.05 ms and always finds the pending index.
-            .persistent(false)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(ApiError::from)
-        )?;
+        let sql = format!(
+            "WITH picked AS ({pick}) \
+             UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, claim_id = $3, \
+                 claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), available_at = NULL \
+             FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
+             RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, \
+                 c.lease_expires_at"
+        );
+        let rows = retry_transient!({
+            let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(scope_key)
+                .bind(limit)
+                .bind(request.claim_id)
+                .bind(request.worker.as_deref())
+                .bind(request.lease_seconds as f64)
+                // Never a cached generic plan: one prepared while `child` was small
+                // would seq-scan it once it is big. Planning with the real values
+                // costs ~0.05 ms and always finds the pending index.
+                .persistent(false);
+            if let ClaimScope::Parent(_) = request.scope {
+                query = query.bind(floor);
+            }
+            query.fetch_all(&self.pool).await.map_err(ApiError::from)
+        })?;
         if rows.is_empty()
             && let ClaimScope::Parent(parent_id) = &request.scope
         {
@@ -630,8 +632,8 @@ impl PgStore {
         queue: Option<&QueueName>,
         after: i64,
         page: i64,
-    ) -> ApiResult<(DriftPage, Option<i64>)> {
-        let rows = sqlx::query(
+    ) -> ApiResult<(super::DriftPage, Option<i64>)> {
+        let rows: Vec<super::DriftRow> = sqlx::query_as(
             "SELECT p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
                  p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, \
                  coalesce(t.total, 0) AS rows_total, coalesce(t.processed, 0) AS rows_processed, \
@@ -650,32 +652,7 @@ impl PgStore {
         .bind(page)
         .fetch_all(&self.pool)
         .await?;
-        let mut result = DriftPage {
-            checked: rows.len() as u64,
-            drifted: Vec::new(),
-        };
-        let mut last = None;
-        for row in &rows {
-            last = Some(row.try_get::<i64, _>("position")?);
-            let stored = Tally {
-                total: row.try_get("total")?,
-                processed: row.try_get("processed")?,
-                failed: row.try_get("failed")?,
-                skipped: row.try_get("skipped")?,
-            };
-            let derived = Tally {
-                total: row.try_get("rows_total")?,
-                processed: row.try_get("rows_processed")?,
-                failed: row.try_get("rows_failed")?,
-                skipped: row.try_get("rows_skipped")?,
-            };
-            let completed: bool = row.try_get("completed")?;
-            if stored != derived || completed != derived.is_complete(row.try_get("decomposed")?) {
-                result.drifted.push(ParentId::from_ledger(row.try_get("parent_id")?));
-            }
-        }
-        let more = (rows.len() as i64 == page).then_some(last).flatten();
-        Ok((result, more))
+        Ok(super::drift_page(rows, page))
     }
 
     pub async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> ApiResult<u64> {

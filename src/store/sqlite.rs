@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, Transaction};
 use uuid::Uuid;
 
-use super::{ChildPage, ChildRef, DriftPage, ParentFilter, ParentPage, StoreOptions, parse_column};
+use super::{ChildPage, ChildRef, ParentFilter, ParentPage, StoreOptions, parse_column};
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
@@ -64,9 +64,11 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(std::time::Duration::from_secs(10))
             .foreign_keys(true);
+        // Writers queue here behind the one connection; a 100,000-child
+        // registration holds it for seconds, which is no outage.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(options.acquire_timeout)
+            .acquire_timeout(options.acquire_timeout.max(std::time::Duration::from_secs(60)))
             .connect_with(connect.clone())
             .await?;
         let readers = SqlitePoolOptions::new()
@@ -150,8 +152,10 @@ impl SqliteStore {
         }
         let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
         let differing: Vec<i64> = sqlx::query_scalar(
+            // CROSS JOIN keeps json_each as the outer loop: one primary-key
+            // lookup per appended child, never a scan of the parent's children.
             "SELECT c.sequence FROM json_each(?2) j \
-             JOIN child c ON c.parent_id = ?1 AND c.sequence = j.value ->> 0 \
+             CROSS JOIN child c ON c.parent_id = ?1 AND c.sequence = j.value ->> 0 \
              WHERE c.key IS NOT (j.value ->> 1) OR c.payload <> (j.value -> 2) \
                 OR c.reason IS NOT (j.value ->> 3) OR (c.state = 'skipped') <> ((j.value ->> 3) IS NOT NULL) \
              ORDER BY c.sequence LIMIT 100",
@@ -339,11 +343,12 @@ impl SqliteStore {
         fetch_child(&self.readers, parent_id, sequence).await
     }
 
-    pub async fn claim(&self, request: &ClaimRequest, limit: i64) -> ApiResult<Claim> {
+    pub async fn claim(&self, request: &ClaimRequest, limit: i64, floor: i64) -> ApiResult<Claim> {
         let pick = match &request.scope {
             ClaimScope::Parent(_) => concat!(
                 "SELECT c.parent_id, c.sequence FROM child c \
-                 WHERE c.parent_id = ?1 AND c.state = 'pending' AND (c.available_at IS NULL OR c.available_at <= ",
+                 WHERE c.parent_id = ?1 AND c.state = 'pending' AND c.sequence >= ?6 \
+                   AND (c.available_at IS NULL OR c.available_at <= ",
                 now!(),
                 ") AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = ?1 AND p.decomposed_at IS NOT NULL) \
                  ORDER BY c.sequence LIMIT ?2"
@@ -361,7 +366,7 @@ impl SqliteStore {
             ClaimScope::Queue(queue) => queue.as_str(),
         };
         let mut tx = self.begin().await?;
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let mut query = sqlx::query(AssertSqlSafe(format!(
             "UPDATE child SET state = 'in_flight', attempts = attempts + 1, claim_id = ?3, claimed_by = ?4, \
                  lease_expires_at = {lease}, available_at = NULL \
              WHERE (parent_id, sequence) IN ({pick}) \
@@ -372,9 +377,11 @@ impl SqliteStore {
         .bind(limit)
         .bind(request.claim_id.to_string())
         .bind(request.worker.as_deref())
-        .bind(format!("+{} seconds", request.lease_seconds))
-        .fetch_all(&mut *tx)
-        .await?;
+        .bind(format!("+{} seconds", request.lease_seconds));
+        if let ClaimScope::Parent(_) = request.scope {
+            query = query.bind(floor);
+        }
+        let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         if rows.is_empty()
             && let ClaimScope::Parent(parent_id) = &request.scope
@@ -591,8 +598,8 @@ impl SqliteStore {
         queue: Option<&QueueName>,
         after: i64,
         page: i64,
-    ) -> ApiResult<(DriftPage, Option<i64>)> {
-        let rows = sqlx::query(
+    ) -> ApiResult<(super::DriftPage, Option<i64>)> {
+        let rows: Vec<super::DriftRow> = sqlx::query_as(
             "SELECT p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
                  p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id) AS rows_total, \
@@ -610,32 +617,7 @@ impl SqliteStore {
         .bind(page)
         .fetch_all(&self.readers)
         .await?;
-        let mut result = DriftPage {
-            checked: rows.len() as u64,
-            drifted: Vec::new(),
-        };
-        let mut last = None;
-        for row in &rows {
-            last = Some(row.try_get::<i64, _>("position")?);
-            let stored = Tally {
-                total: row.try_get("total")?,
-                processed: row.try_get("processed")?,
-                failed: row.try_get("failed")?,
-                skipped: row.try_get("skipped")?,
-            };
-            let derived = Tally {
-                total: row.try_get("rows_total")?,
-                processed: row.try_get("rows_processed")?,
-                failed: row.try_get("rows_failed")?,
-                skipped: row.try_get("rows_skipped")?,
-            };
-            let completed: bool = row.try_get("completed")?;
-            if stored != derived || completed != derived.is_complete(row.try_get("decomposed")?) {
-                result.drifted.push(ParentId::from_ledger(row.try_get("parent_id")?));
-            }
-        }
-        let more = (rows.len() as i64 == page).then_some(last).flatten();
-        Ok((result, more))
+        Ok(super::drift_page(rows, page))
     }
 
     pub async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> ApiResult<u64> {
