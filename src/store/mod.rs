@@ -24,6 +24,10 @@ pub use sqlite::SqliteStore;
 
 /// How many expired leases one sweep statement moves at most.
 const EXPIRE_BATCH: i64 = 5_000;
+/// How many children one bulk statement writes or compares: a 100,000-child
+/// registration is a few statements in one transaction, so neither the bound
+/// arguments nor SQLite's JSON parse of them ever holds the whole request twice.
+pub(crate) const WRITE_CHUNK: usize = 10_000;
 /// How many parents the reconcile sweep reads per page.
 const SWEEP_PAGE: i64 = 500;
 

@@ -154,22 +154,7 @@ impl PgStore {
         let mut tx = self.pool.begin().await?;
         lock_decomposing_parent(&mut tx, parent_id).await?;
         let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
-        let (sequences, keys, payloads, skips) = child_arrays(children);
-        let differing: Vec<i64> = sqlx::query_scalar(
-            "SELECT u.sequence FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) \
-                 AS u(sequence, key, payload, skip) \
-             JOIN child c ON c.parent_id = $1 AND c.sequence = u.sequence \
-             WHERE c.key IS DISTINCT FROM u.key OR c.payload <> u.payload::jsonb \
-                OR c.reason IS DISTINCT FROM u.skip OR (c.state = 'skipped') <> (u.skip IS NOT NULL) \
-             ORDER BY u.sequence LIMIT 100",
-        )
-        .bind(parent_id.as_str())
-        .bind(&sequences)
-        .bind(&keys)
-        .bind(&payloads)
-        .bind(&skips)
-        .fetch_all(&mut *tx)
-        .await?;
+        let differing = differing_sequences(&mut tx, parent_id, children).await?;
         if !differing.is_empty() {
             return Err(ApiError::ChildrenConflict {
                 detail: format!(
@@ -750,6 +735,41 @@ fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
     arrays
 }
 
+/// The first sequences (at most 100) whose stored content differs from the
+/// appended one: while a parent decomposes its rows are untouched, so key,
+/// payload and skip reason are the whole content.
+async fn differing_sequences(
+    tx: &mut Transaction<'_, Postgres>,
+    parent_id: &ParentId,
+    children: &[NewChild],
+) -> ApiResult<Vec<i64>> {
+    let mut differing = Vec::new();
+    for chunk in children.chunks(super::WRITE_CHUNK) {
+        let (sequences, keys, payloads, skips) = child_arrays(chunk);
+        let found: Vec<i64> = sqlx::query_scalar(
+            "SELECT u.sequence FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) \
+                 AS u(sequence, key, payload, skip) \
+             JOIN child c ON c.parent_id = $1 AND c.sequence = u.sequence \
+             WHERE c.key IS DISTINCT FROM u.key OR c.payload <> u.payload::jsonb \
+                OR c.reason IS DISTINCT FROM u.skip OR (c.state = 'skipped') <> (u.skip IS NOT NULL) \
+             ORDER BY u.sequence LIMIT 100",
+        )
+        .bind(parent_id.as_str())
+        .bind(&sequences)
+        .bind(&keys)
+        .bind(&payloads)
+        .bind(&skips)
+        .fetch_all(&mut **tx)
+        .await?;
+        differing.extend(found);
+        if differing.len() >= 100 {
+            differing.truncate(100);
+            break;
+        }
+    }
+    Ok(differing)
+}
+
 /// Writes children in one statement from arrays (never one INSERT per child).
 /// With `idempotent`, sequences already present are left alone. Returns how
 /// many rows were written and how many of those were skipped children.
@@ -759,9 +779,21 @@ async fn insert_children(
     children: &[NewChild],
     idempotent: bool,
 ) -> ApiResult<(u64, i64)> {
-    if children.is_empty() {
-        return Ok((0, 0));
+    let (mut inserted, mut skipped) = (0, 0);
+    for chunk in children.chunks(super::WRITE_CHUNK) {
+        let (i, s) = insert_chunk(tx, parent_id, chunk, idempotent).await?;
+        inserted += i;
+        skipped += s;
     }
+    Ok((inserted, skipped))
+}
+
+async fn insert_chunk(
+    tx: &mut Transaction<'_, Postgres>,
+    parent_id: &ParentId,
+    children: &[NewChild],
+    idempotent: bool,
+) -> ApiResult<(u64, i64)> {
     let (sequences, keys, payloads, skips) = child_arrays(children);
     let on_conflict = if idempotent {
         "ON CONFLICT (parent_id, sequence) DO NOTHING"

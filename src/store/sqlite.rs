@@ -151,19 +151,7 @@ impl SqliteStore {
             Some(false) => {}
         }
         let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
-        let differing: Vec<i64> = sqlx::query_scalar(
-            // CROSS JOIN keeps json_each as the outer loop: one primary-key
-            // lookup per appended child, never a scan of the parent's children.
-            "SELECT c.sequence FROM json_each(?2) j \
-             CROSS JOIN child c ON c.parent_id = ?1 AND c.sequence = j.value ->> 0 \
-             WHERE c.key IS NOT (j.value ->> 1) OR c.payload <> (j.value -> 2) \
-                OR c.reason IS NOT (j.value ->> 3) OR (c.state = 'skipped') <> ((j.value ->> 3) IS NOT NULL) \
-             ORDER BY c.sequence LIMIT 100",
-        )
-        .bind(parent_id.as_str())
-        .bind(children_json(children))
-        .fetch_all(&mut *tx)
-        .await?;
+        let differing = differing_sequences(&mut tx, parent_id, children).await?;
         if !differing.is_empty() {
             return Err(ApiError::ChildrenConflict {
                 detail: format!(
@@ -709,15 +697,58 @@ fn outcomes_json(writes: &[OutcomeWrite]) -> String {
     Value::Array(rows).to_string()
 }
 
+/// The first sequences (at most 100) whose stored content differs from the
+/// appended one.
+async fn differing_sequences(
+    tx: &mut Transaction<'_, Sqlite>,
+    parent_id: &ParentId,
+    children: &[NewChild],
+) -> ApiResult<Vec<i64>> {
+    let mut differing = Vec::new();
+    for chunk in children.chunks(super::WRITE_CHUNK) {
+        let found: Vec<i64> = sqlx::query_scalar(
+            // CROSS JOIN keeps json_each as the outer loop: one primary-key
+            // lookup per appended child, never a scan of the parent's children.
+            "SELECT c.sequence FROM json_each(?2) j \
+                 CROSS JOIN child c ON c.parent_id = ?1 AND c.sequence = j.value ->> 0 \
+                 WHERE c.key IS NOT (j.value ->> 1) OR c.payload <> (j.value -> 2) \
+                    OR c.reason IS NOT (j.value ->> 3) OR (c.state = 'skipped') <> ((j.value ->> 3) IS NOT NULL) \
+                 ORDER BY c.sequence LIMIT 100",
+        )
+        .bind(parent_id.as_str())
+        .bind(children_json(chunk))
+        .fetch_all(&mut **tx)
+        .await?;
+        differing.extend(found);
+        if differing.len() >= 100 {
+            differing.truncate(100);
+            break;
+        }
+    }
+    Ok(differing)
+}
+
 async fn insert_children(
     tx: &mut Transaction<'_, Sqlite>,
     parent_id: &ParentId,
     children: &[NewChild],
     idempotent: bool,
 ) -> ApiResult<(u64, i64)> {
-    if children.is_empty() {
-        return Ok((0, 0));
+    let (mut inserted, mut skipped) = (0, 0);
+    for chunk in children.chunks(super::WRITE_CHUNK) {
+        let (i, s) = insert_chunk(tx, parent_id, chunk, idempotent).await?;
+        inserted += i;
+        skipped += s;
     }
+    Ok((inserted, skipped))
+}
+
+async fn insert_chunk(
+    tx: &mut Transaction<'_, Sqlite>,
+    parent_id: &ParentId,
+    children: &[NewChild],
+    idempotent: bool,
+) -> ApiResult<(u64, i64)> {
     let on_conflict = if idempotent {
         "ON CONFLICT (parent_id, sequence) DO NOTHING"
     } else {
