@@ -778,6 +778,8 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     scenarios.push(Scenario::new("memory", "MiB", peak_rss.max(sqlite_rss)).target("<= 150 MiB"));
+    scenarios.push(Scenario::new("memory.postgres_service", "MiB", peak_rss));
+    scenarios.push(Scenario::new("memory.sqlite_service", "MiB", sqlite_rss));
 
     print_table(&scenarios);
     println!("\nwhole run: {:.0} s", run_started.elapsed().as_secs_f64());

@@ -469,10 +469,6 @@ impl PgStore {
     }
 
     pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
-        retry_transient!(self.record_outcomes_once(writes).await)
-    }
-
-    async fn record_outcomes_once(&self, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
         let parents: Vec<&str> = writes.iter().map(|w| w.parent_id.as_str()).collect();
         let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
         let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
@@ -480,80 +476,100 @@ impl PgStore {
         let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
         let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
 
-        let mut tx = self.pool.begin().await?;
-        // Child transitions and the parent counters move in one statement: the
-        // guarded UPDATE only touches non-terminal rows, so its RETURNING is
-        // exactly the set of writes that won.
-        let applied: Vec<(String, i64)> = sqlx::query_as(
-            "WITH input AS ( \
-                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
-                     AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
-             applied AS ( \
-                 UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
-                     terminal_at = now(), \
-                     outcome_attempt = CASE WHEN c.attempts > 0 AND (u.claim_id IS NULL OR u.claim_id = c.claim_id) \
-                                            THEN c.attempts END \
-                 FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
-                 WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
-                   AND c.state IN ('pending', 'in_flight', 'held') \
-                 RETURNING c.parent_id, c.sequence, c.state), \
-             deltas AS ( \
-                 SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
-                     count(*) FILTER (WHERE state = 'failed') AS failed, \
-                     count(*) FILTER (WHERE state = 'skipped') AS skipped \
-                 FROM applied GROUP BY parent_id), \
-             bumped AS ( \
-                 UPDATE parent p SET processed = p.processed + d.processed, failed = p.failed + d.failed, \
-                     skipped = p.skipped + d.skipped, \
-                     completed_at = CASE WHEN p.completed_at IS NULL AND p.processed + d.processed + p.failed \
-                         + d.failed + p.skipped + d.skipped >= p.total THEN now() ELSE p.completed_at END \
-                 FROM deltas d WHERE p.parent_id = d.parent_id) \
-             SELECT parent_id, sequence FROM applied",
-        )
-        .bind(&parents)
-        .bind(&sequences)
-        .bind(&outcomes)
-        .bind(&reasons)
-        .bind(&results)
-        .bind(&claims)
-        .fetch_all(&mut *tx)
-        .await?;
+        // Child transitions and the parent counters move in one statement, run
+        // as its own transaction: the hot parent row is locked only while the
+        // statement runs, never across a round trip to COMMIT. The guarded
+        // UPDATE only touches non-terminal rows, so its RETURNING is exactly
+        // the set of writes that won.
+        let applied: Vec<(String, i64)> = retry_transient!(
+            sqlx::query_as(
+                "WITH input AS ( \
+                     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
+                         AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
+                 applied AS ( \
+                     UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
+                         terminal_at = now(), \
+                         outcome_attempt = CASE WHEN c.attempts > 0 AND (u.claim_id IS NULL OR u.claim_id = c.claim_id) \
+                                                THEN c.attempts END \
+                     FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
+                     WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+                       AND c.state IN ('pending', 'in_flight', 'held') \
+                     RETURNING c.parent_id, c.sequence, c.state), \
+                 deltas AS ( \
+                     SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
+                         count(*) FILTER (WHERE state = 'failed') AS failed, \
+                         count(*) FILTER (WHERE state = 'skipped') AS skipped \
+                     FROM applied GROUP BY parent_id), \
+                 bumped AS ( \
+                     UPDATE parent p SET processed = p.processed + d.processed, failed = p.failed + d.failed, \
+                         skipped = p.skipped + d.skipped, \
+                         completed_at = CASE WHEN p.completed_at IS NULL AND p.processed + d.processed + p.failed \
+                             + d.failed + p.skipped + d.skipped >= p.total THEN now() ELSE p.completed_at END \
+                     FROM deltas d WHERE p.parent_id = d.parent_id) \
+                 SELECT parent_id, sequence FROM applied",
+            )
+            .bind(&parents)
+            .bind(&sequences)
+            .bind(&outcomes)
+            .bind(&reasons)
+            .bind(&results)
+            .bind(&claims)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(ApiError::from)
+        )?;
 
         let mut statuses = vec![OutcomeStatus::Applied; writes.len()];
         if applied.len() < writes.len() {
             let won: std::collections::HashSet<(&str, i64)> = applied.iter().map(|(p, s)| (p.as_str(), *s)).collect();
-            let rest: Vec<usize> = (0..writes.len())
-                .filter(|&i| !won.contains(&(parents[i], sequences[i])))
+            let losers: Vec<&OutcomeWrite> = writes
+                .iter()
+                .filter(|w| !won.contains(&(w.parent_id.as_str(), w.sequence)))
                 .collect();
-            let rest_parents: Vec<&str> = rest.iter().map(|&i| parents[i]).collect();
-            let rest_sequences: Vec<i64> = rest.iter().map(|&i| sequences[i]).collect();
-            let found: Vec<(String, i64, Option<bool>, Option<String>)> = sqlx::query_as(
-                "SELECT u.parent_id, u.sequence, p.decomposed_at IS NOT NULL, c.state \
-                 FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
-                 LEFT JOIN parent p ON p.parent_id = u.parent_id \
-                 LEFT JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence",
-            )
-            .bind(&rest_parents)
-            .bind(&rest_sequences)
-            .fetch_all(&mut *tx)
-            .await?;
-            let found: HashMap<(String, i64), (Option<bool>, Option<String>)> =
-                found.into_iter().map(|(p, s, d, st)| ((p, s), (d, st))).collect();
-            for i in rest {
-                let (decomposed, state) = found
-                    .get(&(parents[i].to_owned(), sequences[i]))
-                    .cloned()
-                    .unwrap_or((None, None));
-                statuses[i] = match (decomposed, state) {
-                    (None, _) | (_, None) => OutcomeStatus::NotFound,
-                    (Some(false), _) => OutcomeStatus::NotDecomposed,
-                    (Some(true), Some(state)) if state == writes[i].outcome.as_str() => OutcomeStatus::Duplicate,
-                    (Some(true), Some(_)) => OutcomeStatus::Conflict,
-                };
-                if statuses[i] == OutcomeStatus::Conflict {
-                    log_conflict(&mut tx, &writes[i]).await?;
+            let mut losing = retry_transient!(self.classify_losers(&losers).await)?.into_iter();
+            for (status, write) in statuses.iter_mut().zip(writes) {
+                if !won.contains(&(write.parent_id.as_str(), write.sequence)) {
+                    *status = losing.next().unwrap_or(OutcomeStatus::NotFound);
                 }
             }
+        }
+        Ok(statuses)
+    }
+
+    /// Why each write that did not win lost, logging the conflicting ones in
+    /// the child's conflict log, in one transaction.
+    async fn classify_losers(&self, losers: &[&OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
+        let parents: Vec<&str> = losers.iter().map(|w| w.parent_id.as_str()).collect();
+        let sequences: Vec<i64> = losers.iter().map(|w| w.sequence).collect();
+        let mut tx = self.pool.begin().await?;
+        let found: Vec<(String, i64, Option<bool>, Option<String>)> = sqlx::query_as(
+            "SELECT u.parent_id, u.sequence, p.decomposed_at IS NOT NULL, c.state \
+             FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
+             LEFT JOIN parent p ON p.parent_id = u.parent_id \
+             LEFT JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence",
+        )
+        .bind(&parents)
+        .bind(&sequences)
+        .fetch_all(&mut *tx)
+        .await?;
+        let found: HashMap<(String, i64), (Option<bool>, Option<String>)> =
+            found.into_iter().map(|(p, s, d, st)| ((p, s), (d, st))).collect();
+        let mut statuses = Vec::with_capacity(losers.len());
+        for write in losers {
+            let (decomposed, state) = found
+                .get(&(write.parent_id.to_string(), write.sequence))
+                .cloned()
+                .unwrap_or((None, None));
+            let status = match (decomposed, state) {
+                (None, _) | (_, None) => OutcomeStatus::NotFound,
+                (Some(false), _) => OutcomeStatus::NotDecomposed,
+                (Some(true), Some(state)) if state == write.outcome.as_str() => OutcomeStatus::Duplicate,
+                (Some(true), Some(_)) => OutcomeStatus::Conflict,
+            };
+            if status == OutcomeStatus::Conflict {
+                log_conflict(&mut tx, write).await?;
+            }
+            statuses.push(status);
         }
         tx.commit().await?;
         Ok(statuses)
