@@ -734,12 +734,12 @@ async fn main() {
     let (p50_big, p99_big) = latency_rounds(&client, &service.base, "latency-big").await;
     let scale = format!("{}M rows", sizes.scale_rows as f64 / 1e6);
     scenarios.push(
-        Scenario::new(&format!("claim_latency_scale.p99 ({scale})"), "ms", p99_big)
+        Scenario::new("claim_latency_scale", &format!("ms p99 at {scale}"), p99_big)
             .against("p99 at 10k rows", p99_small)
             .target("<= 1.5"),
     );
     scenarios.push(
-        Scenario::new(&format!("claim_latency_scale.p50 ({scale})"), "ms", p50_big)
+        Scenario::new("claim_latency_scale.p50", &format!("ms p50 at {scale}"), p50_big)
             .against("p50 at 10k rows", p50_small),
     );
     peak_rss = peak_rss.max(service.stop().await);
