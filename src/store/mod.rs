@@ -167,7 +167,15 @@ impl Store {
     }
 
     pub async fn list_parents(&self, filter: &ParentFilter) -> ApiResult<ParentPage> {
-        dispatch!(self, s => s.list_parents(filter).await)
+        // One row past the page says whether another page follows.
+        let mut rows = dispatch!(self, s => s.list_parents(filter, filter.limit + 1).await)?;
+        let more = rows.len() as i64 > filter.limit;
+        rows.truncate(filter.limit as usize);
+        let next_position = rows.last().map(|(position, _)| *position).filter(|_| more);
+        Ok(ParentPage {
+            parents: rows.into_iter().map(|(_, parent)| parent).collect(),
+            next_position,
+        })
     }
 
     pub async fn children(
@@ -177,7 +185,14 @@ impl Store {
         after: Option<i64>,
         limit: i64,
     ) -> ApiResult<ChildPage> {
-        dispatch!(self, s => s.children(parent_id, state, after, limit).await)
+        let mut children = dispatch!(self, s => s.children(parent_id, state, after, limit + 1).await)?;
+        if children.is_empty() {
+            dispatch!(self, s => s.parent_exists(parent_id).await)?;
+        }
+        let more = children.len() as i64 > limit;
+        children.truncate(limit as usize);
+        let next_after = children.last().map(|c| c.sequence).filter(|_| more);
+        Ok(ChildPage { children, next_after })
     }
 
     pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> ApiResult<Child> {

@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, Transaction};
 use uuid::Uuid;
 
-use super::{ChildPage, ChildRef, ParentFilter, ParentPage, StoreOptions, parse_column};
+use super::{ChildRef, ParentFilter, StoreOptions, parse_column};
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
@@ -253,7 +253,8 @@ impl SqliteStore {
         Ok(parent_from_row(&row, include_payload)?)
     }
 
-    pub async fn list_parents(&self, filter: &ParentFilter) -> ApiResult<ParentPage> {
+    /// Up to `fetch` parents matching `filter`, with their list positions.
+    pub async fn list_parents(&self, filter: &ParentFilter, fetch: i64) -> ApiResult<Vec<(i64, Parent)>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
             "{PARENT_SELECT} \
              WHERE (?1 IS NULL OR p.queue = ?1) \
@@ -272,19 +273,12 @@ impl SqliteStore {
         .bind(filter.state.map(|s| s.as_str()))
         .bind(filter.after_position)
         .bind(filter.resumable)
-        .bind(filter.limit + 1)
+        .bind(fetch)
         .fetch_all(&self.readers)
         .await?;
-        let mut parents = Vec::with_capacity(rows.len());
-        let mut positions = Vec::with_capacity(rows.len());
-        for row in rows.iter().take(filter.limit as usize) {
-            positions.push(row.try_get::<i64, _>("position")?);
-            parents.push(parent_from_row(row, false)?);
-        }
-        let next_position = (rows.len() as i64 > filter.limit)
-            .then(|| positions.last().copied())
-            .flatten();
-        Ok(ParentPage { parents, next_position })
+        rows.iter()
+            .map(|row| Ok((row.try_get::<i64, _>("position")?, parent_from_row(row, false)?)))
+            .collect()
     }
 
     pub async fn children(
@@ -292,8 +286,8 @@ impl SqliteStore {
         parent_id: &ParentId,
         state: Option<ChildState>,
         after: Option<i64>,
-        limit: i64,
-    ) -> ApiResult<ChildPage> {
+        fetch: i64,
+    ) -> ApiResult<Vec<Child>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
             "SELECT {CHILD_COLUMNS} FROM child \
              WHERE parent_id = ?1 AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR sequence > ?3) \
@@ -302,24 +296,13 @@ impl SqliteStore {
         .bind(parent_id.as_str())
         .bind(state.map(ChildState::as_str))
         .bind(after)
-        .bind(limit + 1)
+        .bind(fetch)
         .fetch_all(&self.readers)
         .await?;
-        if rows.is_empty() {
-            self.parent_exists(parent_id).await?;
-        }
-        let children = rows
-            .iter()
-            .take(limit as usize)
-            .map(child_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let next_after = (rows.len() as i64 > limit)
-            .then(|| children.last().map(|c| c.sequence))
-            .flatten();
-        Ok(ChildPage { children, next_after })
+        Ok(rows.iter().map(child_from_row).collect::<Result<Vec<_>, _>>()?)
     }
 
-    async fn parent_exists(&self, parent_id: &ParentId) -> ApiResult<()> {
+    pub async fn parent_exists(&self, parent_id: &ParentId) -> ApiResult<()> {
         let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM parent WHERE parent_id = ?1")
             .bind(parent_id.as_str())
             .fetch_optional(&self.readers)
