@@ -95,7 +95,7 @@ where
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
-        let de = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
         serde_path_to_error::deserialize(de).map(AppQuery).map_err(|err| {
             let field = err.path().to_string();
             let detail = err.into_inner().to_string();
@@ -108,10 +108,6 @@ where
             ApiError::bad_request(field, detail)
         })
     }
-}
-
-fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
-    form_urlencoded::parse(query.as_bytes())
 }
 
 /// The first backquoted name in a serde message ("unknown field `x`").

@@ -65,8 +65,6 @@ pub struct ParentRow {
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
-    /// Insertion order, used as the list cursor.
-    pub position: i64,
 }
 
 impl ParentRow {

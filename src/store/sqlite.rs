@@ -859,7 +859,6 @@ fn parent_from_row(row: &SqliteRow, include_payload: bool) -> Result<Parent, sql
         created_at: row.try_get("created_at")?,
         decomposed_at: row.try_get("decomposed_at")?,
         completed_at: row.try_get("completed_at")?,
-        position: row.try_get("position")?,
     };
     let open = OpenCounts {
         pending: row.try_get("open_pending")?,
