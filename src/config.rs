@@ -90,6 +90,12 @@ pub struct Limits {
     /// Most outcomes in one batch.
     #[arg(long, env = "LEDGER_MAX_OUTCOMES_PER_REQUEST", default_value_t = 1000, global = true)]
     pub max_outcomes_per_request: usize,
+    /// Largest child payload (and retained parent payload), in bytes of JSON.
+    #[arg(long, env = "LEDGER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024, global = true)]
+    pub max_payload_bytes: usize,
+    /// Largest outcome `result`, in bytes of JSON.
+    #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024, global = true)]
+    pub max_result_bytes: usize,
 }
 
 impl Default for Limits {
@@ -101,6 +107,8 @@ impl Default for Limits {
             default_lease_seconds: 300,
             max_lease_seconds: 86_400,
             max_outcomes_per_request: 1000,
+            max_payload_bytes: 1024 * 1024,
+            max_result_bytes: 64 * 1024,
         }
     }
 }
@@ -122,6 +130,8 @@ mod tests {
         assert_eq!(parsed.default_lease_seconds, default.default_lease_seconds);
         assert_eq!(parsed.max_lease_seconds, default.max_lease_seconds);
         assert_eq!(parsed.max_outcomes_per_request, default.max_outcomes_per_request);
+        assert_eq!(parsed.max_payload_bytes, default.max_payload_bytes);
+        assert_eq!(parsed.max_result_bytes, default.max_result_bytes);
     }
 
     #[test]

@@ -74,13 +74,28 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => ApiError::MalformedJson {
                 detail: format!("the body is not valid JSON: {inner}"),
             },
-            _ => ApiError::invalid(if field == "." { "body".to_owned() } else { field }, inner.to_string()),
+            _ => {
+                let detail = inner.to_string();
+                ApiError::invalid(body_field(field, &detail), detail)
+            }
         }
     })?;
     de.end().map_err(|err| ApiError::MalformedJson {
         detail: format!("the body is not valid JSON: {err}"),
     })?;
     Ok(value)
+}
+
+/// The JSON path to name for a body error: the path to the value at fault,
+/// extended by the member's own name when the member is unknown.
+fn body_field(path: String, detail: &str) -> String {
+    let unknown = detail.strip_prefix("unknown field ").and_then(parameter_in);
+    match (path.as_str(), unknown) {
+        (".", Some(member)) => member.to_owned(),
+        (".", None) => "body".to_owned(),
+        (_, Some(member)) if !path.ends_with(member) => format!("{path}.{member}"),
+        _ => path,
+    }
 }
 
 /// A query string, rejected with a 400 naming the parameter at fault.
@@ -160,6 +175,35 @@ pub fn max_chars(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
         return Err(ApiError::invalid(
             field,
             format!("must be at most {max} characters, got {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The size of a JSON value written compactly, counted without allocating it.
+pub fn json_bytes(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// Checks the size of a JSON value, in bytes.
+pub fn max_bytes(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
+    if len > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {max} bytes of JSON, got {len}"),
         ));
     }
     Ok(())

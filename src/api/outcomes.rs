@@ -11,9 +11,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::extract::{AppJson, max_chars, parent_id_param, sequence_param};
+use super::extract::{AppJson, json_bytes, max_bytes, max_chars, parent_id_param, sequence_param};
 use super::parents::MAX_REASON_CHARS;
 use crate::AppState;
+use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
 
@@ -46,6 +47,7 @@ pub struct OutcomeRecorded {
 }
 
 fn outcome_write(
+    limits: &Limits,
     field: &str,
     parent_id: ParentId,
     sequence: i64,
@@ -56,6 +58,9 @@ fn outcome_write(
 ) -> ApiResult<OutcomeWrite> {
     if let Some(reason) = &reason {
         max_chars(&format!("{field}reason"), reason, MAX_REASON_CHARS)?;
+    }
+    if let Some(result) = &result {
+        max_bytes(&format!("{field}result"), json_bytes(result), limits.max_result_bytes)?;
     }
     Ok(OutcomeWrite {
         parent_id,
@@ -96,6 +101,7 @@ async fn record_outcome(
     let parent_id = parent_id_param(&parent_id)?;
     let sequence = sequence_param(&sequence)?;
     let write = outcome_write(
+        &state.limits,
         "",
         parent_id.clone(),
         sequence,
@@ -199,6 +205,7 @@ async fn record_outcomes(
             ));
         }
         writes.push(outcome_write(
+            &state.limits,
             &format!("outcomes[{i}]."),
             item.parent_id,
             item.sequence,

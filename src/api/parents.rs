@@ -12,7 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{AppJson, AppQuery, in_range, max_chars, parent_id_param};
+use super::extract::{AppJson, AppQuery, in_range, json_bytes, max_bytes, max_chars, parent_id_param};
 use crate::AppState;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
@@ -101,42 +101,61 @@ pub struct SealParent {
 }
 
 /// Checks one child's key and skip reason and turns it into a ledger row.
-fn new_child(
-    field: &str,
-    sequence: i64,
-    payload: Option<Box<RawValue>>,
-    key: Option<String>,
-    skip: Option<String>,
-    keys: &mut HashMap<String, i64>,
-) -> ApiResult<NewChild> {
-    if let Some(key) = &key {
-        if key.is_empty() {
-            return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
-        }
-        max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
-        if let Some(first) = keys.insert(key.clone(), sequence) {
-            return Err(ApiError::invalid(
-                format!("{field}.key"),
-                format!("key {key:?} is already used by sequence {first} in this request"),
-            ));
+/// Validates children one at a time: keys unique within the request, reasons
+/// and payloads within their limits.
+struct ChildChecker {
+    keys: HashMap<String, i64>,
+    max_payload_bytes: usize,
+}
+
+impl ChildChecker {
+    fn new(max_payload_bytes: usize) -> Self {
+        Self {
+            keys: HashMap::new(),
+            max_payload_bytes,
         }
     }
-    if let Some(skip) = &skip {
-        if skip.is_empty() {
-            return Err(ApiError::invalid(format!("{field}.skip"), "must be a non-empty reason"));
+
+    fn check(
+        &mut self,
+        field: &str,
+        sequence: i64,
+        payload: Option<Box<RawValue>>,
+        key: Option<String>,
+        skip: Option<String>,
+    ) -> ApiResult<NewChild> {
+        if let Some(key) = &key {
+            if key.is_empty() {
+                return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
+            }
+            max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
+            if let Some(first) = self.keys.insert(key.clone(), sequence) {
+                return Err(ApiError::invalid(
+                    format!("{field}.key"),
+                    format!("key {key:?} is already used by sequence {first} in this request"),
+                ));
+            }
         }
-        max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
+        if let Some(skip) = &skip {
+            if skip.is_empty() {
+                return Err(ApiError::invalid(format!("{field}.skip"), "must be a non-empty reason"));
+            }
+            max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
+        }
+        let payload = match payload {
+            Some(payload) => {
+                max_bytes(&format!("{field}.payload"), payload.get().len(), self.max_payload_bytes)?;
+                payload
+            }
+            None => RawValue::from_string("null".to_owned()).map_err(anyhow::Error::from)?,
+        };
+        Ok(NewChild {
+            sequence,
+            key,
+            payload,
+            skip,
+        })
     }
-    let payload = match payload {
-        Some(payload) => payload,
-        None => RawValue::from_string("null".to_owned()).map_err(anyhow::Error::from)?,
-    };
-    Ok(NewChild {
-        sequence,
-        key,
-        payload,
-        skip,
-    })
 }
 
 fn check_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
@@ -176,12 +195,15 @@ async fn register_parent(
     if let Some(max) = body.max_attempts {
         in_range("max_attempts", max, 1, i32::MAX)?;
     }
-    let mut keys = HashMap::new();
+    if let Some(payload) = &body.payload {
+        max_bytes("payload", json_bytes(payload), state.limits.max_payload_bytes)?;
+    }
+    let mut checker = ChildChecker::new(state.limits.max_payload_bytes);
     let children = body
         .children
         .into_iter()
         .enumerate()
-        .map(|(i, c)| new_child(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip, &mut keys))
+        .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
         .collect::<ApiResult<Vec<_>>>()?;
     let queue = body.queue.unwrap_or_default();
     let decomposed = body.decomposed.unwrap_or(true);
@@ -350,7 +372,7 @@ async fn append_children(
     if body.children.is_empty() {
         return Err(ApiError::invalid("children", "must hold at least one child"));
     }
-    let mut keys = HashMap::new();
+    let mut checker = ChildChecker::new(state.limits.max_payload_bytes);
     let mut sequences = HashMap::new();
     let mut children = Vec::with_capacity(body.children.len());
     for (i, c) in body.children.into_iter().enumerate() {
@@ -367,7 +389,7 @@ async fn append_children(
                 ),
             ));
         }
-        children.push(new_child(&field, c.sequence, c.payload, c.key, c.skip, &mut keys)?);
+        children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip)?);
     }
     Ok(Json(state.store.append(&parent_id, &children).await?))
 }

@@ -206,13 +206,12 @@ impl TestApp {
         Self::reply(req.send().await.expect("request")).await
     }
 
-    /// Sends a raw body with the given content type.
+    /// Sends a raw body with the given content type (none when empty).
     pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
-        let req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .header("content-type", content_type)
-            .body(body);
+        let mut req = self.client.request(method, format!("{}{path}", self.base)).body(body);
+        if !content_type.is_empty() {
+            req = req.header("content-type", content_type);
+        }
         Self::reply(req.send().await.expect("request")).await
     }
 
