@@ -184,7 +184,7 @@ class Worker:
                 "wait_seconds": a.wait_seconds}
         while not self.stop.is_set():
             try:
-                claim = self.api.call("POST", f"/v1/queues/{a.queue}/claims", body,
+                claim = self.api.call("POST", f"/v1/queues/{urllib.parse.quote(a.queue, safe='')}/claims", body,
                                       timeout=a.wait_seconds + 30, give_up_on_stop=True)
             except Unavailable as err:
                 log(f"claim: {err}")

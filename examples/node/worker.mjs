@@ -1,0 +1,323 @@
+#!/usr/bin/env node
+// An example child-ledger worker: Node 20+, built-in fetch, no dependencies.
+//
+//     node worker.mjs --queue events [--url http://127.0.0.1:8080] [--exit-when-empty]
+//
+// The loop, for anyone writing a worker in another language (API.md is the
+// contract; GET /openapi.json is its machine-readable form):
+//
+// 1. Claim a leased chunk: POST /v1/queues/{queue}/claims
+//        {"limit": 50, "lease_seconds": 30, "worker": "node-123", "wait_seconds": 5}
+//    -> {"claim_id": "<uuid>", "lease_expires_at": "...", "children": [{"parent_id",
+//        "sequence", "key", "payload", "attempt", "idempotency_key", "previous_attempt"}]}
+//    An empty "children" list means nothing was claimable (after long-polling up
+//    to wait_seconds, 0-20).
+// 2. Keep the lease while working: a background timer calls
+//    POST /v1/claims/{claim_id}/extend {"lease_seconds": 30} whenever about a third
+//    of the lease remains. {"extended": 0} means the claim holds nothing any more
+//    (the lease ran out and the children went back to the queue): stop starting them.
+// 3. Work each child. If "previous_attempt" is "expired", an earlier holder may
+//    already have had the remote effect: look the child's "idempotency_key" up on
+//    the remote side first and, if it is there, record the outcome without redoing it.
+// 4. Record outcomes in batches: POST /v1/outcomes {"outcomes": [{"parent_id",
+//    "sequence", "outcome": "processed"|"failed", "reason", "result", "claim_id"}]}
+//    -> {"results": [{"parent_id", "sequence", "status"}]}, in request order.
+//    "applied" means this write made the child terminal. Anything else ("duplicate":
+//    the same outcome was already recorded, "conflict": a different one won,
+//    "not_found", "not_decomposed") is logged and never retried: the first terminal
+//    write wins. Outcomes are not fenced by the lease: a late write still counts
+//    if it is the first.
+// 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
+//    already computed, give the rest back with POST /v1/claims/{claim_id}/release
+//    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
+//    this claim still holds move) and exit 0.
+// 6. Connection errors and 429/502/503/504 are retried with exponential backoff,
+//    honouring Retry-After. Other errors are application/problem+json: log "type"
+//    and "detail". Outcome, extend and release calls are safe to repeat. A claim
+//    whose answer was lost leaves its children leased to nobody until the lease
+//    runs out; they then come back with previous_attempt "expired" (step 3).
+//
+// stdout gets one JSON summary line at exit; stderr gets one log line per chunk.
+// The lease timer only fires while the work awaits: keep CPU-bound work in
+// short slices (or a worker thread) so the event loop can extend the lease.
+
+import { appendFileSync, existsSync, readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+
+const LANG = "node";
+const RETRY_STATUSES = new Set([429, 502, 503, 504]);
+
+const log = (message) => process.stderr.write(`[${new Date().toISOString().slice(11, 19)}] ${message}\n`);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Stopping (SIGTERM/SIGINT) wakes anything parked in nap().
+let stopping = false;
+const wakers = new Set();
+function nap(ms) {
+  return new Promise((resolve) => {
+    const wake = () => { clearTimeout(timer); wakers.delete(wake); resolve(); };
+    const timer = setTimeout(wake, ms);
+    wakers.add(wake);
+  });
+}
+
+/** An error answer that retrying will not fix (an RFC 9457 problem document). */
+class Problem extends Error {
+  constructor(status, body) {
+    super(`HTTP ${status} ${body.type ?? "?"}: ${body.detail ?? JSON.stringify(body)}`);
+    this.status = status;
+    this.body = body;
+  }
+}
+/** The service stayed unreachable (or kept answering 503) through every retry. */
+class Unavailable extends Error {}
+
+let opts;
+try {
+  ({ values: opts } = parseArgs({
+    options: {
+      url: { type: "string", default: "http://127.0.0.1:8080" },
+      queue: { type: "string" },
+      worker: { type: "string", default: `${LANG}-${process.pid}` },
+      "exit-when-empty": { type: "boolean", default: false },
+      limit: { type: "string", default: "50" },
+      "lease-seconds": { type: "string", default: "30" },
+      "wait-seconds": { type: "string" }, // default 5; 1 with --exit-when-empty
+      "batch-size": { type: "string", default: "25" },
+      "work-ms": { type: "string", default: "0" },
+      "effects-file": { type: "string" },
+    },
+  }));
+} catch (err) {
+  opts = { error: err.message };
+}
+if (opts.error || !opts.queue) {
+  if (opts.error) process.stderr.write(`${opts.error}\n`);
+  process.stderr.write("usage: node worker.mjs --queue NAME [--url URL] [--worker NAME] [--exit-when-empty]\n"
+    + "  [--limit 50] [--lease-seconds 30] [--wait-seconds 5] [--batch-size 25] [--work-ms 0] [--effects-file PATH]\n");
+  process.exit(2);
+}
+const base = opts.url.replace(/\/+$/, "");
+const exitWhenEmpty = opts["exit-when-empty"];
+const limit = Number(opts.limit);
+const leaseSeconds = Number(opts["lease-seconds"]);
+const waitSeconds = Number(opts["wait-seconds"] ?? (exitWhenEmpty ? 1 : 5));
+const batchSize = Number(opts["batch-size"]);
+const workMs = Number(opts["work-ms"]);
+const stats = { claimed: 0, processed: 0, failed: 0, deduplicated: 0, not_applied: 0, released: 0, abandoned: 0 };
+
+/** JSON over HTTP, retrying transient failures. */
+async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOnStop = false } = {}) {
+  let delay = 500;
+  for (let attempt = 1; ; attempt++) {
+    let why;
+    let wait = delay;
+    try {
+      const response = await fetch(base + path, {
+        method,
+        headers: { "content-type": "application/json", accept: "application/json" },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(timeoutMs),
+      });
+      const text = await response.text();
+      if (response.ok) return JSON.parse(text);
+      let problem;
+      try { problem = JSON.parse(text); } catch { problem = { detail: text }; }
+      if (!RETRY_STATUSES.has(response.status)) throw new Problem(response.status, problem ?? {});
+      why = `HTTP ${response.status}`;
+      const retryAfter = Number(response.headers.get("retry-after") ?? NaN); // absent or a date: own backoff
+      if (Number.isFinite(retryAfter)) wait = Math.max(0, retryAfter * 1000);
+    } catch (err) {
+      if (err instanceof Problem) throw err;
+      why = err.cause?.code ?? err.cause?.message ?? err.name; // ECONNREFUSED, UND_ERR_SOCKET, TimeoutError
+    }
+    if (attempt >= tries || (giveUpOnStop && stopping)) {
+      throw new Unavailable(`${method} ${path}: gave up after ${attempt} tries (${why})`);
+    }
+    log(`${method} ${path}: ${why}; retrying in ${(wait / 1000).toFixed(1)}s`);
+    await (giveUpOnStop ? nap(wait) : sleep(wait));
+    delay = Math.min(delay * 2, 10000);
+  }
+}
+
+// Stand-in for the remote side's idempotency lookup: a JSON-lines file of the
+// idempotency keys whose effect has happened (shared by all workers).
+const effects = {
+  path: opts["effects-file"],
+  alreadyDone(key) {
+    if (!this.path || !existsSync(this.path)) return false;
+    return readFileSync(this.path, "utf8").split("\n").some((line) => {
+      try { return JSON.parse(line).key === key; } catch { return false; }
+    });
+  },
+  markDone(key) {
+    if (this.path) appendFileSync(this.path, JSON.stringify({ key }) + "\n"); // one O_APPEND write
+  },
+};
+
+/** The job itself: replace this. Return the JSON result; throw to record `failed`. */
+async function doWork(child) {
+  if (workMs) await sleep(workMs);
+  return { worker: opts.worker, lang: LANG, attempt: child.attempt };
+}
+
+/** Extends one claim whenever about a third of its lease remains, until stop(). */
+function keepLease(claimId) {
+  const lease = { lost: false, done: false, timer: null };
+  const every = (leaseSeconds * 1000 * 2) / 3;
+  const tick = async () => {
+    try {
+      const answer = await call("POST", `/v1/claims/${claimId}/extend`, { lease_seconds: leaseSeconds }, { tries: 3 });
+      if (answer.extended === 0 && !lease.done) {
+        log(`claim ${claimId} holds nothing any more: lease lost`);
+        lease.lost = true;
+        return;
+      }
+    } catch (err) {
+      log(`extend ${claimId}: ${err.message}`);
+    }
+    if (!lease.done) lease.timer = setTimeout(tick, every);
+  };
+  lease.timer = setTimeout(tick, every);
+  lease.stop = () => { lease.done = true; clearTimeout(lease.timer); };
+  return lease;
+}
+
+/** True while an active parent of the queue has pending or in-flight children:
+ *  those may still come back to us (released or expired). */
+async function queueBusy() {
+  let cursor = null;
+  do {
+    const query = new URLSearchParams({ queue: opts.queue, state: "active", limit: "1000" });
+    if (cursor) query.set("cursor", cursor);
+    let page;
+    try {
+      page = await call("GET", `/v1/parents?${query}`);
+    } catch (err) {
+      if (!(err instanceof Unavailable)) throw err;
+      log(`list parents: ${err.message}`);
+      return true;
+    }
+    if (page.parents.some((p) => p.counts.pending + p.counts.in_flight > 0)) return true;
+    cursor = page.next_cursor;
+  } while (cursor);
+  return false;
+}
+
+/** Returns [outcome item for POST /v1/outcomes, whether the work was skipped as done]. */
+async function outcomeFor(claimId, child) {
+  const item = { parent_id: child.parent_id, sequence: child.sequence, claim_id: claimId };
+  const key = child.idempotency_key;
+  if (child.previous_attempt === "expired" && effects.alreadyDone(key)) {
+    return [{ ...item, outcome: "processed", result: { worker: opts.worker, lang: LANG, deduplicated: true } }, true];
+  }
+  let result;
+  try {
+    result = await doWork(child);
+  } catch (err) { // any failure of the job is the child's outcome
+    return [{ ...item, outcome: "failed", reason: `${err.name}: ${err.message}`.slice(0, 1000) }, false];
+  }
+  effects.markDone(key);
+  return [{ ...item, outcome: "processed", result }, false];
+}
+
+async function postOutcomes(batch) {
+  let answer;
+  try {
+    answer = await call("POST", "/v1/outcomes", { outcomes: batch.map(([item]) => item) });
+  } catch (err) {
+    log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): ${err.message}`);
+    stats.abandoned += batch.length;
+    return;
+  }
+  answer.results.forEach((result, i) => {
+    const [item, deduplicated] = batch[i];
+    if (result.status === "applied") {
+      stats[item.outcome === "processed" ? "processed" : "failed"] += 1;
+      if (deduplicated) stats.deduplicated += 1;
+    } else {
+      stats.not_applied += 1;
+      log(`${item.parent_id}/${item.sequence}: ${result.status}, not applied (an earlier outcome won; not retried)`);
+    }
+  });
+}
+
+async function release(claimId, children) {
+  const refs = children.map((c) => ({ parent_id: c.parent_id, sequence: c.sequence }));
+  try {
+    const answer = await call("POST", `/v1/claims/${claimId}/release`, { children: refs }, { tries: 4 });
+    stats.released += answer.released;
+    stats.abandoned += refs.length - answer.released; // the lease had already run out
+  } catch (err) {
+    log(`release ${claimId}: ${err.message} (the children come back when the lease runs out)`);
+    stats.abandoned += refs.length;
+  }
+}
+
+async function workChunk(claimId, children) {
+  const started = performance.now();
+  const before = { ...stats };
+  stats.claimed += children.length;
+  const lease = keepLease(claimId);
+  const todo = [...children];
+  let batch = [];
+  try {
+    while (todo.length && !stopping && !lease.lost) {
+      batch.push(await outcomeFor(claimId, todo.shift()));
+      if (batch.length >= batchSize) {
+        await postOutcomes(batch);
+        batch = [];
+      }
+    }
+    if (batch.length) await postOutcomes(batch);
+  } finally {
+    lease.stop();
+  }
+  if (todo.length && lease.lost) stats.abandoned += todo.length; // no longer ours: someone else will get them
+  else if (todo.length) await release(claimId, todo);
+  const delta = Object.fromEntries(Object.entries(stats).filter(([k, v]) => v !== before[k]).map(([k, v]) => [k, v - before[k]]));
+  const expired = children.filter((c) => c.previous_attempt === "expired").length;
+  log(`${opts.worker} claim ${claimId}: ${children.length} children (${expired} after an expired lease) `
+    + `${JSON.stringify(delta)} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
+}
+
+async function run() {
+  const body = { limit, lease_seconds: leaseSeconds, worker: opts.worker, wait_seconds: waitSeconds };
+  while (!stopping) {
+    let claim;
+    try {
+      claim = await call("POST", `/v1/queues/${encodeURIComponent(opts.queue)}/claims`, body,
+        { timeoutMs: (waitSeconds + 30) * 1000, giveUpOnStop: true });
+    } catch (err) {
+      if (!(err instanceof Unavailable)) throw err;
+      log(`claim: ${err.message}`);
+      continue;
+    }
+    if (claim.children.length) {
+      await workChunk(claim.claim_id, claim.children);
+    } else if (exitWhenEmpty && !(await queueBusy())) {
+      log("queue drained: exiting");
+      return;
+    } else if (waitSeconds === 0) {
+      await nap(1000);
+    }
+  }
+}
+
+for (const signal of ["SIGTERM", "SIGINT"]) {
+  process.on(signal, () => {
+    if (!stopping) log(`${signal}: stopping; finishing the child in hand, releasing the rest`);
+    stopping = true;
+    for (const wake of [...wakers]) wake();
+  });
+}
+
+let code = 0;
+try {
+  await run();
+} catch (err) {
+  if (!(err instanceof Problem)) throw err;
+  log(`giving up: ${err.message}`); // e.g. 422 for an invalid queue name: a configuration error
+  code = 2;
+}
+process.stdout.write(JSON.stringify({ worker: opts.worker, lang: LANG, ...stats }) + "\n", () => process.exit(code));
