@@ -224,11 +224,6 @@ impl IntoResponse for ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body is never read, so the connection cannot carry
-            // another request: say so, rather than let the client reuse it and fail.
-            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
         response
     }
 }

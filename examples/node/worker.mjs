@@ -15,7 +15,9 @@
 // 2. Keep the lease while working: a background timer calls
 //    POST /v1/claims/{claim_id}/extend {"lease_seconds": 30} whenever about a third
 //    of the lease remains. {"extended": 0} means the claim holds nothing any more
-//    (the lease ran out and the children went back to the queue): stop starting them.
+//    (the lease ran out and the children went back to the queue): stop starting
+//    them, as when by our own clock the lease may have run out (extends failing).
+//    Children never started are released (step 5) whatever ended the chunk.
 // 3. Work each child. If "previous_attempt" is "expired", an earlier holder may
 //    already have had the remote effect: look the child's "idempotency_key" up on
 //    the remote side first and, if it is there, record the outcome without redoing it.
@@ -25,8 +27,9 @@
 //    "applied" means this write made the child terminal. Anything else ("duplicate":
 //    the same outcome was already recorded, "conflict": a different one won,
 //    "not_found", "not_decomposed") is logged and never retried: the first terminal
-//    write wins. Outcomes are not fenced by the lease: a late write still counts
-//    if it is the first.
+//    write wins. ("duplicate" is also what a retried post gets for its own
+//    earlier write, so "not_applied" in the summary counts those too.) Outcomes
+//    are not fenced by the lease: a late write still counts if it is the first.
 // 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
 //    already computed, give the rest back with POST /v1/claims/{claim_id}/release
 //    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
@@ -37,7 +40,11 @@
 //    whose answer was lost leaves its children leased to nobody until the lease
 //    runs out; they then come back with previous_attempt "expired" (step 3).
 //
-// stdout gets one JSON summary line at exit; stderr gets one log line per chunk.
+// stderr gets one log line per chunk; stdout gets one JSON line at exit:
+// {"worker", "lang", "claimed", "processed", "failed", "deduplicated", "not_applied",
+//  "released", "abandoned"}, where claimed = processed + failed + not_applied +
+// released + abandoned ("deduplicated" is part of "processed"; "abandoned" children
+// come back to some worker when their lease runs out).
 // The lease timer only fires while the work awaits: keep CPU-bound work in
 // short slices (or a worker thread) so the event loop can extend the lease.
 
@@ -104,6 +111,10 @@ const leaseSeconds = Number(opts["lease-seconds"]);
 const waitSeconds = Number(opts["wait-seconds"] ?? (exitWhenEmpty ? 1 : 5));
 const batchSize = Number(opts["batch-size"]);
 const workMs = Number(opts["work-ms"]);
+if ([limit, leaseSeconds, waitSeconds, batchSize, workMs].some((n) => !Number.isInteger(n))) {
+  process.stderr.write("--limit, --lease-seconds, --wait-seconds, --batch-size and --work-ms take integers\n");
+  process.exit(2);
+}
 const stats = { claimed: 0, processed: 0, failed: 0, deduplicated: 0, not_applied: 0, released: 0, abandoned: 0 };
 
 /** JSON over HTTP, retrying transient failures. */
@@ -125,7 +136,8 @@ async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOn
       try { problem = JSON.parse(text); } catch { problem = { detail: text }; }
       if (!RETRY_STATUSES.has(response.status)) throw new Problem(response.status, problem ?? {});
       why = `HTTP ${response.status}`;
-      const retryAfter = Number(response.headers.get("retry-after") ?? NaN); // absent or a date: own backoff
+      // Retry-After in seconds; absent or an HTTP date: our own backoff.
+      const retryAfter = Number(response.headers.get("retry-after") ?? NaN);
       if (Number.isFinite(retryAfter)) wait = Math.max(0, retryAfter * 1000);
     } catch (err) {
       if (err instanceof Problem) throw err;
@@ -161,24 +173,36 @@ async function doWork(child) {
   return { worker: opts.worker, lang: LANG, attempt: child.attempt };
 }
 
-/** Extends one claim whenever about a third of its lease remains, until stop(). */
+/** Extends one claim whenever about a third of its lease remains, until stop().
+ *  expired() turns true once the claim holds nothing any more or, judged by our
+ *  own clock, the lease may have run out (e.g. the extends kept failing). */
 function keepLease(claimId) {
   const lease = { lost: false, done: false, timer: null };
-  const every = (leaseSeconds * 1000 * 2) / 3;
+  lease.deadline = performance.now() + leaseSeconds * 1000; // the claim's answer just arrived
+  lease.expired = () => lease.lost || performance.now() >= lease.deadline;
+  const schedule = () => {
+    if (!lease.done) {
+      const due = lease.deadline - (leaseSeconds * 1000) / 3 - performance.now();
+      lease.timer = setTimeout(tick, Math.max(500, due));
+    }
+  };
   const tick = async () => {
+    const sent = performance.now();
     try {
-      const answer = await call("POST", `/v1/claims/${claimId}/extend`, { lease_seconds: leaseSeconds }, { tries: 3 });
-      if (answer.extended === 0 && !lease.done) {
-        log(`claim ${claimId} holds nothing any more: lease lost`);
+      const answer = await call("POST", `/v1/claims/${claimId}/extend`, { lease_seconds: leaseSeconds },
+        { tries: 3 });
+      if (answer.extended === 0) {
+        if (!lease.done) log(`claim ${claimId} holds nothing any more: lease lost`);
         lease.lost = true;
         return;
       }
+      lease.deadline = sent + leaseSeconds * 1000;
     } catch (err) {
       log(`extend ${claimId}: ${err.message}`);
     }
-    if (!lease.done) lease.timer = setTimeout(tick, every);
+    schedule();
   };
-  lease.timer = setTimeout(tick, every);
+  schedule();
   lease.stop = () => { lease.done = true; clearTimeout(lease.timer); };
   return lease;
 }
@@ -209,7 +233,8 @@ async function outcomeFor(claimId, child) {
   const item = { parent_id: child.parent_id, sequence: child.sequence, claim_id: claimId };
   const key = child.idempotency_key;
   if (child.previous_attempt === "expired" && effects.alreadyDone(key)) {
-    return [{ ...item, outcome: "processed", result: { worker: opts.worker, lang: LANG, deduplicated: true } }, true];
+    const result = { worker: opts.worker, lang: LANG, deduplicated: true };
+    return [{ ...item, outcome: "processed", result }, true];
   }
   let result;
   try {
@@ -226,7 +251,8 @@ async function postOutcomes(batch) {
   try {
     answer = await call("POST", "/v1/outcomes", { outcomes: batch.map(([item]) => item) });
   } catch (err) {
-    log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): ${err.message}`);
+    log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
+      + err.message);
     stats.abandoned += batch.length;
     return;
   }
@@ -237,7 +263,8 @@ async function postOutcomes(batch) {
       if (deduplicated) stats.deduplicated += 1;
     } else {
       stats.not_applied += 1;
-      log(`${item.parent_id}/${item.sequence}: ${result.status}, not applied (an earlier outcome won; not retried)`);
+      log(`${item.parent_id}/${item.sequence}: ${result.status}, not applied `
+        + "(already terminal; not retried)");
     }
   });
 }
@@ -247,7 +274,7 @@ async function release(claimId, children) {
   try {
     const answer = await call("POST", `/v1/claims/${claimId}/release`, { children: refs }, { tries: 4 });
     stats.released += answer.released;
-    stats.abandoned += refs.length - answer.released; // the lease had already run out
+    stats.abandoned += refs.length - answer.released; // expired, or already handed to another claim
   } catch (err) {
     log(`release ${claimId}: ${err.message} (the children come back when the lease runs out)`);
     stats.abandoned += refs.length;
@@ -262,7 +289,7 @@ async function workChunk(claimId, children) {
   const todo = [...children];
   let batch = [];
   try {
-    while (todo.length && !stopping && !lease.lost) {
+    while (todo.length && !stopping && !lease.expired()) {
       batch.push(await outcomeFor(claimId, todo.shift()));
       if (batch.length >= batchSize) {
         await postOutcomes(batch);
@@ -273,9 +300,10 @@ async function workChunk(claimId, children) {
   } finally {
     lease.stop();
   }
-  if (todo.length && lease.lost) stats.abandoned += todo.length; // no longer ours: someone else will get them
-  else if (todo.length) await release(claimId, todo);
-  const delta = Object.fromEntries(Object.entries(stats).filter(([k, v]) => v !== before[k]).map(([k, v]) => [k, v - before[k]]));
+  if (todo.length) await release(claimId, todo); // never started: give back what this claim still holds
+  const delta = Object.fromEntries(
+    Object.entries(stats).filter(([k, v]) => v !== before[k]).map(([k, v]) => [k, v - before[k]]),
+  );
   const expired = children.filter((c) => c.previous_attempt === "expired").length;
   log(`${opts.worker} claim ${claimId}: ${children.length} children (${expired} after an expired lease) `
     + `${JSON.stringify(delta)} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
@@ -317,7 +345,8 @@ try {
   await run();
 } catch (err) {
   if (!(err instanceof Problem)) throw err;
-  log(`giving up: ${err.message}`); // e.g. 422 for an invalid queue name: a configuration error
+  // e.g. 400 for a bad queue name, 422 for --limit 5000: fix the flags
+  log(`giving up: ${err.message}`);
   code = 2;
 }
 process.stdout.write(JSON.stringify({ worker: opts.worker, lang: LANG, ...stats }) + "\n", () => process.exit(code));

@@ -15,7 +15,9 @@ contract; GET /openapi.json is its machine-readable form):
 2. Keep the lease while working: a background timer calls
    POST /v1/claims/{claim_id}/extend {"lease_seconds": 30} whenever about a third
    of the lease remains. {"extended": 0} means the claim holds nothing any more
-   (the lease ran out and the children went back to the queue): stop starting them.
+   (the lease ran out and the children went back to the queue): stop starting
+   them, as when by our own clock the lease may have run out (extends failing).
+   Children never started are released (step 5) whatever ended the chunk.
 3. Work each child. If "previous_attempt" is "expired", an earlier holder may
    already have had the remote effect: look the child's "idempotency_key" up on
    the remote side first and, if it is there, record the outcome without redoing it.
@@ -25,8 +27,9 @@ contract; GET /openapi.json is its machine-readable form):
    "applied" means this write made the child terminal. Anything else ("duplicate":
    the same outcome was already recorded, "conflict": a different one won,
    "not_found", "not_decomposed") is logged and never retried: the first terminal
-   write wins. Outcomes are not fenced by the lease: a late write still counts
-   if it is the first.
+   write wins. ("duplicate" is also what a retried post gets for its own
+   earlier write, so "not_applied" in the summary counts those too.) Outcomes
+   are not fenced by the lease: a late write still counts if it is the first.
 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
    already computed, give the rest back with POST /v1/claims/{claim_id}/release
    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
@@ -37,7 +40,11 @@ contract; GET /openapi.json is its machine-readable form):
    whose answer was lost leaves its children leased to nobody until the lease
    runs out; they then come back with previous_attempt "expired" (step 3).
 
-stdout gets one JSON summary line at exit; stderr gets one log line per chunk.
+stderr gets one log line per chunk; stdout gets one JSON line at exit:
+{"worker", "lang", "claimed", "processed", "failed", "deduplicated", "not_applied",
+ "released", "abandoned"}, where claimed = processed + failed + not_applied +
+released + abandoned ("deduplicated" is part of "processed"; "abandoned" children
+come back to some worker when their lease runs out).
 """
 import argparse
 import http.client
@@ -147,25 +154,34 @@ def do_work(child, worker, work_ms):
 
 
 class LeaseKeeper(threading.Thread):
-    """Extends one claim whenever about a third of its lease remains, until `done`."""
+    """Extends one claim whenever about a third of its lease remains, until `done`.
+    `expired()` turns true once the claim holds nothing any more or, judged by our
+    own clock, the lease may have run out (e.g. the extends kept failing)."""
 
     def __init__(self, api, claim_id, lease_seconds):
         super().__init__(daemon=True)
         self.api, self.claim_id, self.lease_seconds = api, claim_id, lease_seconds
+        self.deadline = time.monotonic() + lease_seconds  # the claim's answer just arrived
         self.done, self.lost = threading.Event(), False
 
+    def expired(self):
+        return self.lost or time.monotonic() >= self.deadline
+
     def run(self):
-        while not self.done.wait(self.lease_seconds * 2 / 3):
+        while not self.done.wait(max(0.5, self.deadline - self.lease_seconds / 3 - time.monotonic())):
+            sent = time.monotonic()
             try:
                 answer = self.api.call("POST", f"/v1/claims/{self.claim_id}/extend",
                                        {"lease_seconds": self.lease_seconds}, tries=3)
             except (Problem, Unavailable) as err:
                 log(f"extend {self.claim_id}: {err}")
                 continue
-            if answer["extended"] == 0 and not self.done.is_set():
-                log(f"claim {self.claim_id} holds nothing any more: lease lost")
+            if answer["extended"] == 0:
+                if not self.done.is_set():
+                    log(f"claim {self.claim_id} holds nothing any more: lease lost")
                 self.lost = True
                 return
+            self.deadline = sent + self.lease_seconds
 
 
 class Worker:
@@ -180,12 +196,12 @@ class Worker:
 
     def run(self):
         a = self.args
+        path = f"/v1/queues/{urllib.parse.quote(a.queue, safe='')}/claims"
         body = {"limit": a.limit, "lease_seconds": a.lease_seconds, "worker": a.worker,
                 "wait_seconds": a.wait_seconds}
         while not self.stop.is_set():
             try:
-                claim = self.api.call("POST", f"/v1/queues/{urllib.parse.quote(a.queue, safe='')}/claims", body,
-                                      timeout=a.wait_seconds + 30, give_up_on_stop=True)
+                claim = self.api.call("POST", path, body, timeout=a.wait_seconds + 30, give_up_on_stop=True)
             except Unavailable as err:
                 log(f"claim: {err}")
                 continue
@@ -223,7 +239,7 @@ class Worker:
         keeper.start()
         todo, batch = list(children), []
         try:
-            while todo and not self.stop.is_set() and not keeper.lost:
+            while todo and not self.stop.is_set() and not keeper.expired():
                 batch.append(self.outcome_for(claim_id, todo.pop(0)))
                 if len(batch) >= self.args.batch_size:
                     self.post_outcomes(batch)
@@ -232,9 +248,7 @@ class Worker:
                 self.post_outcomes(batch)
         finally:
             keeper.done.set()
-        if todo and keeper.lost:  # no longer ours: someone else will get them
-            self.stats["abandoned"] += len(todo)
-        elif todo:
+        if todo:  # never started: give back what this claim still holds
             self.release(claim_id, todo)
         delta = {k: v - before[k] for k, v in self.stats.items() if v != before[k]}
         expired = sum(c.get("previous_attempt") == "expired" for c in children)
@@ -250,7 +264,7 @@ class Worker:
             return dict(item, outcome="processed", result=result), True
         try:
             result = self.work(child)
-        except Exception as err:  # noqa: BLE001 - any failure of the job is the child's outcome
+        except Exception as err:  # any failure of the job is the child's outcome
             return dict(item, outcome="failed", reason=f"{type(err).__name__}: {err}"[:1000]), False
         self.effects.mark_done(key)
         return dict(item, outcome="processed", result=result), False
@@ -259,7 +273,8 @@ class Worker:
         try:
             answer = self.api.call("POST", "/v1/outcomes", {"outcomes": [item for item, _ in batch]})
         except (Problem, Unavailable) as err:
-            log(f"{len(batch)} outcomes not recorded (the children come back when the lease runs out): {err}")
+            log(f"{len(batch)} outcomes not recorded "
+                f"(the children come back when the lease runs out): {err}")
             self.stats["abandoned"] += len(batch)
             return
         for (item, deduplicated), result in zip(batch, answer["results"]):
@@ -269,7 +284,7 @@ class Worker:
             else:
                 self.stats["not_applied"] += 1
                 log(f"{item['parent_id']}/{item['sequence']}: {result['status']}, not applied "
-                    "(an earlier outcome won; not retried)")
+                    "(already terminal; not retried)")
 
     def release(self, claim_id, children):
         refs = [{"parent_id": c["parent_id"], "sequence": c["sequence"]} for c in children]
@@ -280,7 +295,7 @@ class Worker:
             self.stats["abandoned"] += len(refs)
             return
         self.stats["released"] += answer["released"]
-        self.stats["abandoned"] += len(refs) - answer["released"]  # the lease had already run out
+        self.stats["abandoned"] += len(refs) - answer["released"]  # expired, or already handed to another claim
 
 
 def main():
@@ -296,7 +311,8 @@ def main():
                         help="claim long-poll, 0-20 (default 5; 1 with --exit-when-empty)")
     parser.add_argument("--batch-size", type=int, default=25, help="outcomes per POST /v1/outcomes (1-1000)")
     parser.add_argument("--work-ms", type=int, default=0, help="simulated work per child")
-    parser.add_argument("--effects-file", help="JSON-lines file standing in for the remote side's idempotency keys")
+    parser.add_argument("--effects-file",
+                        help="JSON-lines file standing in for the remote side's idempotency keys")
     args = parser.parse_args()
     if args.wait_seconds is None:
         args.wait_seconds = 1 if args.exit_when_empty else 5
@@ -314,7 +330,7 @@ def main():
     code = 0
     try:
         worker.run()
-    except Problem as err:  # e.g. 422 for an invalid queue name: a configuration error
+    except Problem as err:  # e.g. 400 for a bad queue name, 422 for --limit 5000: fix the flags
         log(f"giving up: {err}")
         code = 2
     print(json.dumps({"worker": args.worker, "lang": LANG, **worker.stats}), flush=True)

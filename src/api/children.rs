@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 use super::extract::{AppJson, AppQuery, parent_id_param, sequence_param};
 use crate::AppState;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::{Child, ChildState};
+use crate::ledger::{Child, ChildState, ParentId};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -45,7 +45,7 @@ pub struct ChildList {
     get,
     path = "/v1/parents/{parent_id}/children",
     tag = "children",
-    params(("parent_id" = String, Path, description = "Parent id"), ChildrenQuery),
+    params(("parent_id" = ParentId, Path, description = "Parent id"), ChildrenQuery),
     responses(
         (status = 200, body = ChildList),
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
@@ -81,7 +81,7 @@ async fn list_children(
     path = "/v1/parents/{parent_id}/children/{sequence}",
     tag = "children",
     params(
-        ("parent_id" = String, Path, description = "Parent id"),
+        ("parent_id" = ParentId, Path, description = "Parent id"),
         ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
     ),
     responses(
@@ -112,7 +112,7 @@ pub struct RetryChild {}
     path = "/v1/parents/{parent_id}/children/{sequence}/retry",
     tag = "children",
     params(
-        ("parent_id" = String, Path, description = "Parent id"),
+        ("parent_id" = ParentId, Path, description = "Parent id"),
         ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
     ),
     request_body(content = RetryChild, description = "`{}` (the body may be empty)"),

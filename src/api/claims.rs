@@ -12,10 +12,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::extract::{AppJson, claim_id_param, in_range, max_chars, parent_id_param, queue_param};
+use super::extract::{AppJson, claim_id_param, in_range, max_chars, parent_id_param, queue_param, whole};
 use crate::AppState;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId};
+use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 use crate::store::ChildRef;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -37,10 +37,12 @@ const WAIT_RECHECK: Duration = Duration::from_millis(500);
 pub struct ClaimChildren {
     /// How many children at most, 1-1000 (default 100).
     #[schema(minimum = 1, maximum = 1000, example = 100)]
+    #[serde(default, deserialize_with = "whole::option")]
     limit: Option<i64>,
     /// Lease length, 1-86400 seconds (default 300). Extend the lease before it
     /// runs out if the work takes longer: an expired lease hands the child out again.
     #[schema(minimum = 1, maximum = 86400, example = 300)]
+    #[serde(default, deserialize_with = "whole::option")]
     lease_seconds: Option<i64>,
     /// A label for the worker, shown on the child as `claimed_by`.
     #[schema(max_length = 200, example = "worker-7")]
@@ -48,6 +50,7 @@ pub struct ClaimChildren {
     /// When nothing is claimable, wait up to this long (0-20 s, default 0) and
     /// return as soon as something is.
     #[schema(minimum = 0, maximum = 20)]
+    #[serde(default, deserialize_with = "whole::option")]
     wait_seconds: Option<i64>,
 }
 
@@ -100,7 +103,7 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
     post,
     path = "/v1/parents/{parent_id}/claims",
     tag = "claims",
-    params(("parent_id" = String, Path, description = "Parent id")),
+    params(("parent_id" = ParentId, Path, description = "Parent id")),
     request_body(content = ClaimChildren, description = "All fields optional; the body may be empty"),
     responses(
         (status = 200, description = "The claimed children (an empty list when nothing is claimable)", body = Claim),
@@ -125,7 +128,7 @@ async fn claim_from_parent(
     post,
     path = "/v1/queues/{queue}/claims",
     tag = "claims",
-    params(("queue" = String, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
+    params(("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
     request_body(content = ClaimChildren, description = "All fields optional; the body may be empty"),
     responses(
         (status = 200, description = "The claimed children (an empty list when nothing is claimable)", body = Claim),
@@ -146,6 +149,7 @@ async fn claim_from_queue(
 pub struct ExtendClaim {
     /// New lease length from now, 1-86400 seconds (default 300).
     #[schema(minimum = 1, maximum = 86400, example = 300)]
+    #[serde(default, deserialize_with = "whole::option")]
     lease_seconds: Option<i64>,
 }
 
@@ -198,19 +202,21 @@ async fn extend_claim(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseChild {
-    #[schema(value_type = String)]
     parent_id: ParentId,
     #[schema(minimum = 0)]
+    #[serde(deserialize_with = "whole::required")]
     sequence: i64,
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseClaim {
-    /// The children to give back; omit to release everything this claim holds.
+    /// The children to give back (1-1000); omit to release everything this claim holds.
+    #[schema(min_items = 1, max_items = 1000)]
     children: Option<Vec<ReleaseChild>>,
     /// Keep the released children unclaimable this long (0-86400 s, default 0).
     #[schema(minimum = 0, maximum = 86400)]
+    #[serde(default, deserialize_with = "whole::option")]
     delay_seconds: Option<i64>,
 }
 

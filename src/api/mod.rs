@@ -63,13 +63,94 @@ pub fn routes() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document, as served at `/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes().into_openapi()
+    complete(routes().into_openapi())
+}
+
+/// What holds for every operation, written once instead of on each handler:
+/// any `/v1` operation can answer a 4xx problem (a body over the limit, a
+/// wrong content type, an invalid parameter) and a 503 problem with
+/// `Retry-After` (the database is unreachable or the request ran out of time);
+/// a request body whose members are all optional may be left out entirely,
+/// as the extractor reads an empty body as `{}`.
+fn complete(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::header::HeaderBuilder;
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder, Schema};
+
+    let problem = |description: &str| {
+        ResponseBuilder::new().description(description).content(
+            "application/problem+json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+    };
+    let client_error: utoipa::openapi::Response = problem("Invalid request: the problem's `type` says which kind and `field` names the input at fault; nothing was written").build();
+    let unavailable: utoipa::openapi::Response =
+        problem("The database is unreachable or the request ran out of time: retry after `Retry-After` seconds")
+            .header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))))
+                    .description(Some("Seconds to wait before retrying"))
+                    .build(),
+            )
+            .build();
+    // Request bodies refer to a component schema; with no required member, the body may be left out.
+    let schemas = api.components.as_ref().map(|c| c.schemas.clone()).unwrap_or_default();
+    let all_optional = |body: &utoipa::openapi::request_body::RequestBody| {
+        body.content.values().any(|content| {
+            let RefOr::T(content) = content else { return false };
+            let Some(RefOr::Ref(r)) = &content.schema else {
+                return false;
+            };
+            let name = r.ref_location.rsplit('/').next().unwrap_or_default();
+            matches!(schemas.get(name), Some(RefOr::T(Schema::Object(object))) if object.required.is_empty())
+        })
+    };
+    for (path, item) in api.paths.paths.iter_mut() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let responses = &mut op.responses.responses;
+            responses
+                .entry("4XX".to_owned())
+                .or_insert_with(|| RefOr::T(client_error.clone()));
+            responses
+                .entry("503".to_owned())
+                .or_insert_with(|| RefOr::T(unavailable.clone()));
+            if let Some(RefOr::T(body)) = op
+                .request_body
+                .as_mut()
+                .filter(|b| matches!(b, RefOr::T(b) if all_optional(b)))
+            {
+                body.required = Some(Required::False);
+                let note = "Every member is optional: an empty body (or none) reads as `{}`.";
+                body.description = Some(match body.description.take() {
+                    Some(d) => format!("{d}. {note}"),
+                    None => note.to_owned(),
+                });
+            }
+        }
+    }
+    api
 }
 
 /// The service's router. The limits sit inside the problem layer, so their
 /// rejections come out as problem+json too.
 pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
     let (router, api) = routes().split_for_parts();
+    let api = complete(api);
     router
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(route_not_found)
@@ -137,6 +218,14 @@ async fn problem_for_every_error(State(state): State<AppState>, request: Request
         }
     };
     let mut response = error.into_response();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // Rejected on its declared length, the body was never read, so the
+        // connection cannot carry another request: say so, rather than let the
+        // client reuse it and fail.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
     if let Some(allow) = allow {
         response.headers_mut().insert(header::ALLOW, allow);
     }

@@ -1,6 +1,6 @@
 //! Terminal outcomes, single and batched: first writer wins, one-way.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::extract::{AppJson, json_bytes, max_bytes, max_chars, parent_id_param, sequence_param};
+use super::extract::{AppJson, json_bytes, max_bytes, max_chars, parent_id_param, sequence_param, whole};
 use super::parents::MAX_REASON_CHARS;
 use crate::AppState;
 use crate::config::Limits;
@@ -82,7 +82,7 @@ fn outcome_write(
     path = "/v1/parents/{parent_id}/children/{sequence}/outcome",
     tag = "outcomes",
     params(
-        ("parent_id" = String, Path, description = "Parent id"),
+        ("parent_id" = ParentId, Path, description = "Parent id"),
         ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
     ),
     request_body = RecordOutcome,
@@ -132,9 +132,9 @@ async fn record_outcome(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchOutcome {
-    #[schema(value_type = String)]
     parent_id: ParentId,
     #[schema(minimum = 0)]
+    #[serde(deserialize_with = "whole::required")]
     sequence: i64,
     outcome: Outcome,
     #[schema(max_length = 1000)]
@@ -146,7 +146,9 @@ pub struct BatchOutcome {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RecordOutcomes {
-    /// 1-1000 outcomes, each child at most once.
+    /// 1-1000 outcomes (configurable). A child named twice is recorded once: the
+    /// later item is answered `duplicate` or `conflict`, as if sent afterwards.
+    #[schema(min_items = 1, max_items = 1000)]
     outcomes: Vec<BatchOutcome>,
 }
 
@@ -161,6 +163,33 @@ pub struct BatchResult {
 pub struct BatchResults {
     /// In request order.
     pub results: Vec<BatchResult>,
+}
+
+/// Records a batch in request order. A child named again later in the same
+/// batch is a retry of the earlier item: it goes in a later round, where it can
+/// only be a `duplicate` or a logged `conflict`, exactly as if sent afterwards.
+async fn record_in_rounds(state: &AppState, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
+    let mut seen: HashMap<(&str, i64), usize> = HashMap::with_capacity(writes.len());
+    let mut rounds: Vec<Vec<usize>> = vec![Vec::new()];
+    for (i, w) in writes.iter().enumerate() {
+        let times = seen.entry((w.parent_id.as_str(), w.sequence)).or_insert(0);
+        if *times == rounds.len() {
+            rounds.push(Vec::new());
+        }
+        rounds[*times].push(i);
+        *times += 1;
+    }
+    if rounds.len() == 1 {
+        return state.store.record_outcomes(writes).await;
+    }
+    let mut statuses = vec![OutcomeStatus::NotFound; writes.len()];
+    for round in rounds {
+        let batch: Vec<OutcomeWrite> = round.iter().map(|&i| writes[i].clone()).collect();
+        for (i, status) in round.into_iter().zip(state.store.record_outcomes(&batch).await?) {
+            statuses[i] = status;
+        }
+    }
+    Ok(statuses)
 }
 
 /// Record many outcomes in one transaction.
@@ -189,19 +218,12 @@ async fn record_outcomes(
             format!("must hold 1-{max} outcomes, got {}", body.outcomes.len()),
         ));
     }
-    let mut seen = HashSet::with_capacity(body.outcomes.len());
     let mut writes = Vec::with_capacity(body.outcomes.len());
     for (i, item) in body.outcomes.into_iter().enumerate() {
         if item.sequence < 0 {
             return Err(ApiError::invalid(
                 format!("outcomes[{i}].sequence"),
                 "must be non-negative",
-            ));
-        }
-        if !seen.insert((item.parent_id.clone(), item.sequence)) {
-            return Err(ApiError::invalid(
-                format!("outcomes[{i}]"),
-                format!("child {}/{} appears twice in this batch", item.parent_id, item.sequence),
             ));
         }
         writes.push(outcome_write(
@@ -215,7 +237,7 @@ async fn record_outcomes(
             item.claim_id,
         )?);
     }
-    let statuses = state.store.record_outcomes(&writes).await?;
+    let statuses = record_in_rounds(&state, &writes).await?;
     let results = writes
         .into_iter()
         .zip(statuses)

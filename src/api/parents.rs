@@ -12,11 +12,11 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{AppJson, AppQuery, in_range, json_bytes, max_bytes, max_chars, parent_id_param};
+use super::extract::{AppJson, AppQuery, in_range, json_bytes, max_bytes, max_chars, parent_id_param, whole};
 use crate::AppState;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
-use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentState, QueueName, Registration};
+use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentId, ParentState, QueueName, Registration};
 use crate::store::ParentFilter;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -37,7 +37,7 @@ pub const MAX_REASON_CHARS: usize = 1000;
 #[serde(deny_unknown_fields)]
 pub struct RegisterParent {
     /// Queue for queue-wide claims; default `"default"`.
-    #[schema(value_type = Option<String>, example = "events")]
+    #[schema(example = "events")]
     queue: Option<QueueName>,
     /// Retained parent payload (e.g. the remote response a legacy parent still needs decomposed).
     payload: Option<Value>,
@@ -50,7 +50,8 @@ pub struct RegisterParent {
     decomposed: Option<bool>,
     /// When a child whose lease expired has been claimed this many times, it
     /// becomes `failed` (`attempts exhausted`). `null`: unlimited.
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 2147483647)]
+    #[serde(default, deserialize_with = "whole::option")]
     max_attempts: Option<i32>,
     /// What an expired lease does: `retry` (default) or `hold`.
     expired_lease: Option<ExpiredLease>,
@@ -64,11 +65,11 @@ pub struct ChildSpec {
     #[schema(value_type = Option<Value>)]
     payload: Option<Box<RawValue>>,
     /// Optional client identity (e.g. an event id), unique within the parent.
-    #[schema(max_length = 200)]
+    #[schema(min_length = 1, max_length = 200)]
     key: Option<String>,
     /// Store the child as `skipped` with this reason: invalid input is recorded
     /// and counted, never dropped.
-    #[schema(max_length = 1000)]
+    #[schema(min_length = 1, max_length = 1000)]
     skip: Option<String>,
 }
 
@@ -77,18 +78,21 @@ pub struct ChildSpec {
 #[serde(deny_unknown_fields)]
 pub struct AppendChild {
     #[schema(minimum = 0)]
+    #[serde(deserialize_with = "whole::required")]
     sequence: i64,
     #[schema(value_type = Option<Value>)]
     payload: Option<Box<RawValue>>,
-    #[schema(max_length = 200)]
+    #[schema(min_length = 1, max_length = 200)]
     key: Option<String>,
-    #[schema(max_length = 1000)]
+    #[schema(min_length = 1, max_length = 1000)]
     skip: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AppendChildren {
+    /// At least one child; at most 100,000 (configurable) per request.
+    #[schema(min_items = 1)]
     children: Vec<AppendChild>,
 }
 
@@ -96,7 +100,8 @@ pub struct AppendChildren {
 #[serde(deny_unknown_fields)]
 pub struct SealParent {
     /// Exactly sequences `0..total-1` must exist.
-    #[schema(minimum = 0)]
+    #[schema(minimum = 0, maximum = 4611686018427387903_i64)]
+    #[serde(deserialize_with = "whole::required")]
     total: i64,
 }
 
@@ -130,10 +135,9 @@ impl ChildChecker {
             }
             max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
             if let Some(first) = self.keys.insert(key.clone(), sequence) {
-                return Err(ApiError::invalid(
-                    format!("{field}.key"),
-                    format!("key {key:?} is already used by sequence {first} in this request"),
-                ));
+                return Err(ApiError::DuplicateKey(format!(
+                    "{field}.key: key {key:?} is already used by sequence {first} in this request"
+                )));
             }
         }
         if let Some(skip) = &skip {
@@ -147,7 +151,7 @@ impl ChildChecker {
                 max_bytes(&format!("{field}.payload"), payload.get().len(), self.max_payload_bytes)?;
                 payload
             }
-            None => RawValue::from_string("null".to_owned()).map_err(anyhow::Error::from)?,
+            None => null_payload(),
         };
         Ok(NewChild {
             sequence,
@@ -156,6 +160,10 @@ impl ChildChecker {
             skip,
         })
     }
+}
+
+fn null_payload() -> Box<RawValue> {
+    serde_json::value::to_raw_value(&Value::Null).expect("null is JSON")
 }
 
 fn check_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
@@ -176,7 +184,7 @@ fn check_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
     put,
     path = "/v1/parents/{parent_id}",
     tag = "parents",
-    params(("parent_id" = String, Path, description = "Client-chosen id, 1-200 chars of `A-Z a-z 0-9 . _ : ~ -`")),
+    params(("parent_id" = ParentId, Path, description = "Client-chosen id, 1-200 chars of `A-Z a-z 0-9 . _ : ~ -`")),
     request_body = RegisterParent,
     responses(
         (status = 201, description = "Registered", body = Parent),
@@ -257,7 +265,7 @@ pub enum Include {
     get,
     path = "/v1/parents/{parent_id}",
     tag = "parents",
-    params(("parent_id" = String, Path, description = "Parent id"), ParentQuery),
+    params(("parent_id" = ParentId, Path, description = "Parent id"), ParentQuery),
     responses(
         (status = 200, body = Parent),
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
@@ -278,7 +286,6 @@ async fn get_parent(
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only this queue's parents.
-    #[param(value_type = Option<String>)]
     queue: Option<QueueName>,
     /// Only parents in this state.
     state: Option<ParentState>,
@@ -288,6 +295,7 @@ pub struct ListQuery {
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9]{1,18}$")]
     cursor: Option<String>,
 }
 
@@ -325,8 +333,11 @@ async fn list_parents(
         .cursor
         .as_deref()
         .map(|c| {
+            let issued = (1..=18).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit());
             c.parse::<i64>()
-                .map_err(|_| ApiError::bad_request("cursor", "not a cursor this service issued"))
+                .ok()
+                .filter(|_| issued)
+                .ok_or_else(|| ApiError::bad_request("cursor", "not a cursor this service issued"))
         })
         .transpose()?;
     let page = state
@@ -353,7 +364,7 @@ async fn list_parents(
     post,
     path = "/v1/parents/{parent_id}/children",
     tag = "parents",
-    params(("parent_id" = String, Path, description = "Parent id")),
+    params(("parent_id" = ParentId, Path, description = "Parent id")),
     request_body = AppendChildren,
     responses(
         (status = 200, body = Appended),
@@ -380,15 +391,27 @@ async fn append_children(
         if c.sequence < 0 {
             return Err(ApiError::invalid(format!("{field}.sequence"), "must be non-negative"));
         }
-        if let Some(first) = sequences.insert(c.sequence, i) {
-            return Err(ApiError::invalid(
-                format!("{field}.sequence"),
-                format!(
-                    "sequence {} appears twice in this request (children[{first}])",
+        if let Some(&first) = sequences.get(&c.sequence) {
+            // A repeat is a retried page: the same child again is written once,
+            // different content conflicts exactly as it would with a stored child.
+            let repeat = NewChild {
+                sequence: c.sequence,
+                key: c.key,
+                payload: c.payload.unwrap_or_else(null_payload),
+                skip: c.skip,
+            };
+            if repeat.same_content(&children[first]) {
+                continue;
+            }
+            return Err(ApiError::ChildrenConflict {
+                detail: format!(
+                    "{field}: sequence {} appears earlier in this request with different content",
                     c.sequence
                 ),
-            ));
+                sequences: vec![c.sequence],
+            });
         }
+        sequences.insert(c.sequence, children.len());
         children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip)?);
     }
     Ok(Json(state.store.append(&parent_id, &children).await?))
@@ -402,7 +425,7 @@ async fn append_children(
     post,
     path = "/v1/parents/{parent_id}/seal",
     tag = "parents",
-    params(("parent_id" = String, Path, description = "Parent id")),
+    params(("parent_id" = ParentId, Path, description = "Parent id")),
     request_body = SealParent,
     responses(
         (status = 200, body = Parent),

@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 use super::extract::{AppJson, parent_id_param};
 use crate::AppState;
 use crate::error::{ApiResult, Problem};
-use crate::ledger::{QueueName, ReconcileReport, SweepReport};
+use crate::ledger::{ParentId, QueueName, ReconcileReport, SweepReport};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -35,7 +35,7 @@ pub struct ReconcileParent {
     post,
     path = "/v1/parents/{parent_id}/reconcile",
     tag = "reconcile",
-    params(("parent_id" = String, Path, description = "Parent id")),
+    params(("parent_id" = ParentId, Path, description = "Parent id")),
     request_body(content = ReconcileParent, description = "`{\"dry_run\": true}` to only look"),
     responses(
         (status = 200, body = ReconcileReport),
@@ -60,7 +60,6 @@ pub struct ReconcileAll {
     /// `true`: only report (default `false`: repair).
     dry_run: Option<bool>,
     /// Only this queue's parents.
-    #[schema(value_type = Option<String>)]
     queue: Option<QueueName>,
 }
 

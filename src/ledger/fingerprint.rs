@@ -49,6 +49,14 @@ fn hash_str(hasher: &mut Sha256, s: &str) {
 /// Feeds JSON text to the hasher without the whitespace between tokens, so a
 /// re-serialised but identical payload hashes the same.
 fn hash_json_text(hasher: &mut Sha256, text: &str) {
+    let minified = minify_json(text);
+    hasher.update((minified.len() as u64).to_le_bytes());
+    hasher.update(&minified);
+}
+
+/// JSON text without the whitespace between tokens: two payloads are the same
+/// content when their minified texts are equal (member order counts).
+pub fn minify_json(text: &str) -> Vec<u8> {
     let mut minified = Vec::with_capacity(text.len());
     let (mut in_string, mut escaped) = (false, false);
     for &b in text.as_bytes() {
@@ -65,8 +73,7 @@ fn hash_json_text(hasher: &mut Sha256, text: &str) {
             minified.push(b);
         }
     }
-    hasher.update((minified.len() as u64).to_le_bytes());
-    hasher.update(&minified);
+    minified
 }
 
 fn hash_opt_str(hasher: &mut Sha256, s: Option<&str>) {

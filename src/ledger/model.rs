@@ -164,6 +164,17 @@ pub struct NewChild {
     pub skip: Option<String>,
 }
 
+impl NewChild {
+    /// Same sequence, key, skip reason and payload (whitespace aside).
+    pub fn same_content(&self, other: &NewChild) -> bool {
+        self.sequence == other.sequence
+            && self.key == other.key
+            && self.skip == other.skip
+            && crate::ledger::fingerprint::minify_json(self.payload.get())
+                == crate::ledger::fingerprint::minify_json(other.payload.get())
+    }
+}
+
 /// A complete, validated parent registration.
 #[derive(Debug, Clone)]
 pub struct Registration {
