@@ -90,6 +90,10 @@ pub struct Limits {
     /// Most outcomes in one batch.
     #[arg(long, env = "LEDGER_MAX_OUTCOMES_PER_REQUEST", default_value_t = 1000, global = true)]
     pub max_outcomes_per_request: usize,
+    /// Longest a claim's long poll is held, whatever its `wait_seconds` (0-20)
+    /// asks: below 20 when a proxy in front cuts idle requests sooner.
+    #[arg(long, env = "LEDGER_MAX_WAIT_SECONDS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20), global = true)]
+    pub max_wait_seconds: u64,
     /// Largest child payload (and retained parent payload), in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024, global = true)]
     pub max_payload_bytes: usize,
@@ -109,6 +113,7 @@ impl Default for Limits {
             max_outcomes_per_request: 1000,
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 64 * 1024,
+            max_wait_seconds: 20,
         }
     }
 }
@@ -132,6 +137,7 @@ mod tests {
         assert_eq!(parsed.max_outcomes_per_request, default.max_outcomes_per_request);
         assert_eq!(parsed.max_payload_bytes, default.max_payload_bytes);
         assert_eq!(parsed.max_result_bytes, default.max_result_bytes);
+        assert_eq!(parsed.max_wait_seconds, default.max_wait_seconds);
     }
 
     #[test]

@@ -117,6 +117,7 @@ fn tight_limits() -> Limits {
         max_outcomes_per_request: 10,
         max_payload_bytes: 256,
         max_result_bytes: 128,
+        max_wait_seconds: 20,
     }
 }
 

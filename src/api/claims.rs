@@ -79,7 +79,10 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
         lease_seconds,
         worker: body.worker,
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_seconds as u64);
+    // An operator may hold long polls shorter (a proxy's idle timeout, say):
+    // the claim then answers empty sooner, which "wait up to" allows.
+    let held = wait_seconds.min(limits.max_wait_seconds as i64);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(held as u64);
     loop {
         // Subscribe before looking, so work added in between still wakes us.
         let woken = state.work_signal.notified();
