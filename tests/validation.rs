@@ -483,6 +483,24 @@ fn catalogue() -> Vec<Case> {
     )
     .field("worker");
 
+    // U+0000, which neither store can keep, anywhere in a string.
+    c.raw(
+        "U+0000 in a payload member name",
+        Method::PUT,
+        "/v1/parents/V-new",
+        "application/json",
+        br#"{"children": [{}, {"payload": {"a\u0000b": 1}}]}"#,
+    )
+    .field("children[1].payload.a\\u0000b");
+    c.raw(
+        "U+0000 in an outcome reason",
+        Method::POST,
+        "/v1/parents/V-ok/children/0/outcome",
+        "application/json",
+        br#"{"outcome": "failed", "reason": "bad\u0000"}"#,
+    )
+    .field("reason");
+
     // Duplicates within a request or against the ledger.
     c.put(
         "duplicate child keys",

@@ -32,8 +32,10 @@ const MAX_WAIT_SECONDS: i64 = 20;
 /// a waiting claim looks again this often.
 const WAIT_RECHECK: Duration = Duration::from_millis(500);
 
+/// Ask for a leased chunk. Every member is optional.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"limit": 50, "lease_seconds": 60, "worker": "worker-7", "wait_seconds": 5}))]
 pub struct ClaimChildren {
     /// How many children at most, 1-1000 (default 100).
     #[schema(minimum = 1, maximum = 1000, example = 100)]
@@ -147,8 +149,10 @@ async fn claim_from_queue(
     claim(state, scope, body).await
 }
 
+/// Keep the claim's children leased for another `lease_seconds` from now.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"lease_seconds": 60}))]
 pub struct ExtendClaim {
     /// New lease length from now, 1-86400 seconds (default 300).
     #[schema(minimum = 1, maximum = 86400, example = 300)]
@@ -211,8 +215,10 @@ pub struct ReleaseChild {
     sequence: i64,
 }
 
+/// Give children back to the queue: all this claim holds, or the ones named.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"children": [{"parent_id": "P-42", "sequence": 2}], "delay_seconds": 0}))]
 pub struct ReleaseClaim {
     /// The children to give back (1-1000); omit to release everything this claim holds.
     #[schema(min_items = 1, max_items = 1000)]

@@ -61,8 +61,58 @@ where
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ApiError::invalid("body", "must be a JSON object"));
         }
+        if has_nul_escape(body) {
+            return Err(ApiError::invalid(
+                nul_path(body),
+                "strings may not contain U+0000 (`\\u0000`): neither store can keep it",
+            ));
+        }
         Ok(AppJson(value))
     }
+}
+
+/// Whether a JSON text has a `\u0000` escape inside a string (an escaped
+/// backslash followed by `u0000` is not one). Raw NUL bytes are not valid JSON.
+fn has_nul_escape(body: &[u8]) -> bool {
+    let mut i = 0;
+    while i < body.len() {
+        if body[i] == b'\\' {
+            if body[i + 1..].starts_with(b"u0000") {
+                return true;
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    false
+}
+
+/// The JSON path of the first string (value or member name) holding U+0000.
+fn nul_path(body: &[u8]) -> String {
+    fn walk(value: &serde_json::Value, path: &str) -> Option<String> {
+        match value {
+            serde_json::Value::String(s) if s.contains('\0') => Some(path.to_owned()),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            serde_json::Value::Object(members) => members.iter().find_map(|(k, v)| {
+                let here = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if k.contains('\0') { Some(here) } else { walk(v, &here) }
+            }),
+            _ => None,
+        }
+    }
+    serde_json::from_slice(body)
+        .ok()
+        .and_then(|v| walk(&v, ""))
+        .map(|p| p.replace('\0', "\\u0000"))
+        .unwrap_or_else(|| "body".to_owned())
 }
 
 fn is_json(content_type: &str) -> bool {

@@ -24,8 +24,11 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(record_outcomes))
 }
 
+/// A child's terminal outcome. Send the `claim_id` it was claimed under, so
+/// the child records which attempt produced it.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"outcome": "processed", "result": {"remote_id": "r-9"}, "claim_id": "5f0c8a4e-2b1d-4c3e-9f7a-6d8e1b2c3a4f"}))]
 pub struct RecordOutcome {
     outcome: Outcome,
     /// Expected for `failed` and `skipped`; at most 1000 characters.
@@ -37,6 +40,7 @@ pub struct RecordOutcome {
     claim_id: Option<Uuid>,
 }
 
+/// The answer to a single outcome: whether this write won, and the child now.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct OutcomeRecorded {
     /// `true`: this write made the child terminal (and moved the parent's
@@ -129,6 +133,7 @@ async fn record_outcome(
     Ok(Json(OutcomeRecorded { applied, child }))
 }
 
+/// One item of an outcome batch: the child, and its outcome as for a single write.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchOutcome {
@@ -143,8 +148,13 @@ pub struct BatchOutcome {
     claim_id: Option<Uuid>,
 }
 
+/// Many outcomes, any parents, in one request.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"outcomes": [
+    {"parent_id": "P-42", "sequence": 2, "outcome": "processed", "result": {"remote_id": "r-10"}, "claim_id": "5f0c8a4e-2b1d-4c3e-9f7a-6d8e1b2c3a4f"},
+    {"parent_id": "P-42", "sequence": 3, "outcome": "failed", "reason": "invalid timestamp", "claim_id": "5f0c8a4e-2b1d-4c3e-9f7a-6d8e1b2c3a4f"}
+]}))]
 pub struct RecordOutcomes {
     /// 1-1000 outcomes (configurable). A child named twice is recorded once: the
     /// later item is answered `duplicate` or `conflict`, as if sent afterwards.
@@ -152,6 +162,8 @@ pub struct RecordOutcomes {
     outcomes: Vec<BatchOutcome>,
 }
 
+/// What became of one batch item. Only `applied` changed anything; the others
+/// are final answers, not errors to retry.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct BatchResult {
     pub parent_id: ParentId,
@@ -159,6 +171,7 @@ pub struct BatchResult {
     pub status: OutcomeStatus,
 }
 
+/// One result per batch item, in request order.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct BatchResults {
     /// In request order.

@@ -35,6 +35,10 @@ pub const MAX_REASON_CHARS: usize = 1000;
 /// A parent registration: the full child list, written before anything is dispatched.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"queue": "events", "children": [
+    {"key": "evt-1", "payload": {"event_id": "evt-1", "ts": "2026-11-29T10:00:00Z"}},
+    {"key": "evt-2", "payload": {"event_id": "evt-2"}, "skip": "invalid timestamp"}
+]}))]
 pub struct RegisterParent {
     /// Queue for queue-wide claims; default `"default"`.
     #[schema(example = "events")]

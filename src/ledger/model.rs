@@ -31,6 +31,7 @@ pub struct OpenCounts {
     pub held: i64,
 }
 
+/// A parent: its derived state and the projection of its children.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Parent {
     pub parent_id: ParentId,
@@ -106,6 +107,7 @@ pub struct Conflict {
     pub at: DateTime<Utc>,
 }
 
+/// One child row: its state, current or last lease, outcome and conflict log.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Child {
     pub parent_id: ParentId,
