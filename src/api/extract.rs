@@ -264,7 +264,7 @@ pub mod whole {
 
         fn visit_f64<E: Error>(self, v: f64) -> Result<i64, E> {
             // 2^63 itself does not fit; every float below it with no fraction does.
-            if v.fract() == 0.0 && v >= -9_223_372_036_854_775_808.0 && v < 9_223_372_036_854_775_808.0 {
+            if v.fract() == 0.0 && (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&v) {
                 Ok(v as i64)
             } else {
                 Err(E::custom(format!("expected an integer, got {v}")))

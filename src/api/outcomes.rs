@@ -50,30 +50,16 @@ pub struct OutcomeRecorded {
     pub child: Child,
 }
 
-fn outcome_write(
-    limits: &Limits,
-    field: &str,
-    parent_id: ParentId,
-    sequence: i64,
-    outcome: Outcome,
-    reason: Option<String>,
-    result: Option<Value>,
-    claim_id: Option<Uuid>,
-) -> ApiResult<OutcomeWrite> {
-    if let Some(reason) = &reason {
+/// Checks an outcome's reason and result against their limits; `field`
+/// prefixes the names in the problem (`outcomes[3].`).
+fn checked(limits: &Limits, field: &str, write: OutcomeWrite) -> ApiResult<OutcomeWrite> {
+    if let Some(reason) = &write.reason {
         max_chars(&format!("{field}reason"), reason, MAX_REASON_CHARS)?;
     }
-    if let Some(result) = &result {
+    if let Some(result) = &write.result {
         max_bytes(&format!("{field}result"), json_bytes(result), limits.max_result_bytes)?;
     }
-    Ok(OutcomeWrite {
-        parent_id,
-        sequence,
-        outcome,
-        reason,
-        result,
-        claim_id,
-    })
+    Ok(write)
 }
 
 /// Record a child's terminal outcome (first writer wins).
@@ -104,16 +90,15 @@ async fn record_outcome(
 ) -> ApiResult<Json<OutcomeRecorded>> {
     let parent_id = parent_id_param(&parent_id)?;
     let sequence = sequence_param(&sequence)?;
-    let write = outcome_write(
-        &state.limits,
-        "",
-        parent_id.clone(),
+    let write = OutcomeWrite {
+        parent_id: parent_id.clone(),
         sequence,
-        body.outcome,
-        body.reason,
-        body.result,
-        body.claim_id,
-    )?;
+        outcome: body.outcome,
+        reason: body.reason,
+        result: body.result,
+        claim_id: body.claim_id,
+    };
+    let write = checked(&state.limits, "", write)?;
     let status = state.store.record_outcomes(std::slice::from_ref(&write)).await?[0];
     let applied = match status {
         OutcomeStatus::Applied => true,
@@ -239,16 +224,15 @@ async fn record_outcomes(
                 "must be non-negative",
             ));
         }
-        writes.push(outcome_write(
-            &state.limits,
-            &format!("outcomes[{i}]."),
-            item.parent_id,
-            item.sequence,
-            item.outcome,
-            item.reason,
-            item.result,
-            item.claim_id,
-        )?);
+        let write = OutcomeWrite {
+            parent_id: item.parent_id,
+            sequence: item.sequence,
+            outcome: item.outcome,
+            reason: item.reason,
+            result: item.result,
+            claim_id: item.claim_id,
+        };
+        writes.push(checked(&state.limits, &format!("outcomes[{i}]."), write)?);
     }
     let statuses = record_in_rounds(&state, &writes).await?;
     let results = writes
