@@ -2,6 +2,8 @@
 //! fresh database (a new Postgres database or a new SQLite file) and talks HTTP.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::io::Write;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -105,6 +107,83 @@ impl Drop for TempDir {
     }
 }
 
+/// Creates a fresh, empty Postgres database and returns its URL.
+pub async fn create_database() -> String {
+    let name = format!("ledger_test_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let base = admin_url();
+    let root = base.rsplit_once('/').map(|(root, _)| root).unwrap_or(&base);
+    format!("{root}/{name}")
+}
+
+/// A database for a test that runs the service as a process: a fresh Postgres
+/// database, or a SQLite file in a fresh directory; dropped with the value.
+pub struct TestDatabase {
+    pub backend: Backend,
+    pub url: String,
+    _dir: Option<TempDir>,
+}
+
+impl TestDatabase {
+    pub async fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let url = format!("sqlite://{}", dir.join("ledger.db").display());
+                Self {
+                    backend,
+                    url,
+                    _dir: Some(TempDir(dir)),
+                }
+            }
+            Backend::Postgres => Self {
+                backend,
+                url: create_database().await,
+                _dir: None,
+            },
+        }
+    }
+
+    /// A store on this database, for looking at the rows directly.
+    pub async fn store(&self) -> Store {
+        Store::connect(&self.url).await.expect("connect store")
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if self.backend == Backend::Postgres {
+            drop_database(&self.url);
+        }
+    }
+}
+
+/// Drops a test's Postgres database (FORCE ends connections still open).
+fn drop_database(url: &str) {
+    let name = url.rsplit('/').next().unwrap_or_default().to_owned();
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url()).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .execute(&mut admin)
+                .await;
+            }
+        })
+    });
+    let _ = dropped.join();
+}
+
 pub async fn spawn_app(backend: Backend) -> TestApp {
     spawn_app_with(backend, Limits::default()).await
 }
@@ -123,17 +202,7 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
             let url = format!("sqlite://{}", dir.join("ledger.db").display());
             (url, Some(TempDir(dir)))
         }
-        Backend::Postgres => {
-            let name = format!("ledger_test_{}", uuid::Uuid::new_v4().simple());
-            let mut admin = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut admin)
-                .await
-                .unwrap();
-            let base = admin_url();
-            let root = base.rsplit_once('/').map(|(root, _)| root).unwrap_or(&base);
-            (format!("{root}/{name}"), None)
-        }
+        Backend::Postgres => (create_database().await, None),
     };
     let store = Store::connect(&database_url).await.expect("connect store");
     store.migrate().await.expect("migrate");
@@ -166,25 +235,8 @@ impl Drop for TestApp {
         self.server.abort();
         self.reaper.abort();
         if self.backend == Backend::Postgres {
-            // Drop the test's database so runs do not pile them up; FORCE ends
-            // the pool's connections that are still open.
-            let name = self.database_url.rsplit('/').next().unwrap_or_default().to_owned();
-            let dropped = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url()).await {
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .execute(&mut admin)
-                        .await;
-                    }
-                })
-            });
-            let _ = dropped.join();
+            // Drop the test's database so runs do not pile them up.
+            drop_database(&self.database_url);
         }
     }
 }
