@@ -46,6 +46,9 @@ pub struct Config {
     /// Longest a request may run before it is answered 503.
     #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60, global = true)]
     pub request_timeout_seconds: u64,
+    /// After SIGTERM, how long in-flight requests get to finish before the process exits anyway.
+    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE_SECONDS", default_value_t = 25, global = true)]
+    pub shutdown_grace_seconds: u64,
     #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     #[command(flatten)]

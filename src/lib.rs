@@ -8,16 +8,23 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod ledger;
+pub mod metrics;
 pub mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::{HeaderName, Request};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
 use config::Limits;
 use store::Store;
+
+/// The header that carries a request's id: taken from the caller when sent,
+/// generated (a UUID) otherwise, echoed on the response and on every log line.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -25,9 +32,12 @@ pub struct AppState {
     pub store: Store,
     pub limits: Arc<Limits>,
     /// Wakes long-polling claims in this process when work may have become
-    /// claimable (a registration, seal, release, retry or expired lease).
+    /// claimable (a registration, seal, release, retry or expired lease, here
+    /// or, through Postgres `NOTIFY`, on another replica).
     pub work_signal: Arc<tokio::sync::Notify>,
-    pub metrics: Arc<api::Metrics>,
+    pub metrics: Arc<metrics::Metrics>,
+    /// Set once on SIGTERM: waiting claims answer at once instead of holding on.
+    pub shutdown: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl AppState {
@@ -36,12 +46,29 @@ impl AppState {
             store,
             limits: Arc::new(limits),
             work_signal: Arc::new(tokio::sync::Notify::new()),
-            metrics: Arc::new(api::Metrics::default()),
+            metrics: Arc::default(),
+            shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
+    /// Work may have become claimable: wake this process's waiting claims now
+    /// and, with one `NOTIFY` (never one per child), every other replica's.
     pub fn signal_work(&self) {
         self.work_signal.notify_waiters();
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.notify_work().await {
+                tracing::debug!(error = %err, "work notification not sent; other replicas recheck on their own");
+            }
+        });
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
     }
 }
 
@@ -51,7 +78,47 @@ pub fn app(state: AppState) -> Router {
 }
 
 pub fn app_with_timeout(state: AppState, request_timeout: Duration) -> Router {
-    api::router(state, request_timeout).layer(TraceLayer::new_for_http())
+    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+        let id = request
+            .extensions()
+            .get::<RequestId>()
+            .and_then(|id| id.header_value().to_str().ok())
+            .unwrap_or("-");
+        tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
+    });
+    api::router(state, request_timeout)
+        .layer(trace)
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// Wakes this process's waiting claims when another replica signals work
+/// (Postgres `LISTEN`); reconnects with backoff when the database goes away.
+/// Returns at once on SQLite, where every claim is in this process.
+pub async fn listen_for_work(state: AppState) {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match state.store.listen_for_work().await {
+            Ok(None) => return,
+            Ok(Some(mut listener)) => {
+                delay = Duration::from_millis(250);
+                // A (re)connection may have missed notifications: look again.
+                state.work_signal.notify_waiters();
+                loop {
+                    match listener.recv().await {
+                        Ok(_) => state.work_signal.notify_waiters(),
+                        Err(err) => {
+                            tracing::warn!(error = %err, "work notifications interrupted; reconnecting");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "cannot listen for work"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
 }
 
 /// Sweeps expired leases every `interval` until the process ends, waking

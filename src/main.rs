@@ -1,12 +1,14 @@
 use std::time::Duration;
 
+use std::future::IntoFuture;
+
 use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use child_ledger::config::{Cli, LogFormat};
 use child_ledger::store::{Store, StoreOptions};
-use child_ledger::{AppState, app_with_timeout, reap_expired_leases};
+use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -28,16 +30,33 @@ async fn main() -> anyhow::Result<()> {
 
     let state = AppState::new(store, config.limits.clone());
     let reaper = tokio::spawn(reap_expired_leases(state.clone(), config.reap_interval()));
-    let router = app_with_timeout(state, Duration::from_secs(config.request_timeout_seconds));
+    let work_listener = tokio::spawn(listen_for_work(state.clone()));
+    let router = app_with_timeout(state.clone(), Duration::from_secs(config.request_timeout_seconds));
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     tracing::info!(listen = %config.listen, "serving HTTP");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+
+    // On SIGTERM: stop accepting, let waiting claims answer at once, finish
+    // what is in flight, and give up on stragglers after the grace period.
+    let stopping = state.clone();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        stopping.begin_shutdown();
+    });
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let mut shutdown = state.shutdown.subscribe();
+    let deadline = async move {
+        let _ = shutdown.wait_for(|stopping| *stopping).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = server.into_future() => served?,
+        () = deadline => tracing::warn!(grace_seconds = grace.as_secs(), "requests still in flight after the grace period; exiting"),
+    }
     reaper.abort();
+    work_listener.abort();
     tracing::info!("stopped");
     Ok(())
 }
@@ -52,7 +71,7 @@ async fn connect_with_backoff(url: &str, options: &StoreOptions) -> Store {
                 tracing::warn!(
                     error = format!("{err:#}"),
                     retry_in_ms = delay.as_millis() as u64,
-                    "database not reachable"
+                    "database not reachable; retrying"
                 );
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));

@@ -28,9 +28,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// The longest long-poll a claim may ask for.
 const MAX_WAIT_SECONDS: i64 = 20;
-/// Without a wake-up from this process (another replica may have added work),
-/// a waiting claim looks again this often.
-const WAIT_RECHECK: Duration = Duration::from_millis(500);
+/// Work is announced in this process and, through Postgres `NOTIFY`, by every
+/// replica; in case an announcement is missed (the listener reconnecting), a
+/// waiting claim still looks again this often.
+const WAIT_RECHECK: Duration = Duration::from_secs(2);
 
 /// Ask for a leased chunk. Every member is optional.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -85,15 +86,37 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
     // the claim then answers empty sooner, which "wait up to" allows.
     let held = wait_seconds.min(limits.max_wait_seconds as i64);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(held as u64);
+    let mut shutdown = state.shutdown.subscribe();
     loop {
         // Subscribe before looking, so work added in between still wakes us.
         let woken = state.work_signal.notified();
         let claim = state.store.claim(&request).await?;
         let now = tokio::time::Instant::now();
-        if !claim.children.is_empty() || now >= deadline {
+        // Shutting down, a waiting claim answers (empty) at once: it holds no
+        // lease yet, so nothing is orphaned.
+        if !claim.children.is_empty() || now >= deadline || state.is_shutting_down() {
+            count_claimed(&state, &request.scope, claim.children.len()).await;
             return Ok(Json(claim));
         }
-        let _ = tokio::time::timeout((deadline - now).min(WAIT_RECHECK), woken).await;
+        tokio::select! {
+            _ = tokio::time::timeout((deadline - now).min(WAIT_RECHECK), woken) => {}
+            _ = shutdown.wait_for(|stopping| *stopping) => {}
+        }
+    }
+}
+
+/// Counts claimed children under their parent's queue; a metric never fails a claim.
+async fn count_claimed(state: &AppState, scope: &ClaimScope, children: usize) {
+    if children == 0 {
+        return;
+    }
+    match scope {
+        ClaimScope::Queue(queue) => state.metrics.claimed(queue.as_str(), children),
+        ClaimScope::Parent(parent) => {
+            if let Ok(queue) = state.store.queue_of(parent).await {
+                state.metrics.claimed(queue.as_str(), children);
+            }
+        }
     }
 }
 

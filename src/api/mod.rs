@@ -22,8 +22,6 @@ use tower_http::timeout::TimeoutLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use ops::Metrics;
-
 use crate::AppState;
 use crate::error::{ApiError, Problem};
 

@@ -1,9 +1,5 @@
 //! Operations: liveness, readiness and metrics.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
-
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
@@ -59,46 +55,16 @@ async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
     }))
 }
 
-/// Request counters, by method, matched route and status.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
-}
-
-impl Metrics {
-    fn record(&self, method: &str, route: &str, status: u16) {
-        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        *requests
-            .entry((method.to_owned(), route.to_owned(), status))
-            .or_default() += 1;
-    }
-
-    fn render(&self) -> String {
-        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = String::from(
-            "# HELP child_ledger_http_requests_total HTTP requests answered.\n\
-             # TYPE child_ledger_http_requests_total counter\n",
-        );
-        for ((method, route, status), count) in requests.iter() {
-            let _ = writeln!(
-                out,
-                "child_ledger_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {count}"
-            );
-        }
-        out
-    }
-}
-
-/// Counts every answered request under its route template, never its raw path.
+/// Counts and times every answered request under its route template, never its raw path.
 pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let method = request.method().as_str().to_owned();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+    let started = std::time::Instant::now();
+    let method = request.method().clone();
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let response = next.run(request).await;
-    state.metrics.record(&method, &route, response.status().as_u16());
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    state
+        .metrics
+        .request(method.as_str(), route, response.status().as_u16(), started.elapsed());
     response
 }
 
@@ -115,6 +81,8 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
         )],
-        state.metrics.render(),
+        state
+            .metrics
+            .render(&state.store.pool_stats(), state.store.leases_expired_total()),
     )
 }

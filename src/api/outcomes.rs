@@ -99,7 +99,7 @@ async fn record_outcome(
         claim_id: body.claim_id,
     };
     let write = checked(&state.limits, "", write)?;
-    let status = state.store.record_outcomes(std::slice::from_ref(&write)).await?[0];
+    let status = record_in_rounds(&state, std::slice::from_ref(&write)).await?[0];
     let applied = match status {
         OutcomeStatus::Applied => true,
         OutcomeStatus::Duplicate => false,
@@ -178,14 +178,22 @@ async fn record_in_rounds(state: &AppState, writes: &[OutcomeWrite]) -> ApiResul
         *times += 1;
     }
     if rounds.len() == 1 {
-        return state.store.record_outcomes(writes).await;
+        return record_and_count(state, writes).await;
     }
     let mut statuses = vec![OutcomeStatus::NotFound; writes.len()];
     for round in rounds {
         let batch: Vec<OutcomeWrite> = round.iter().map(|&i| writes[i].clone()).collect();
-        for (i, status) in round.into_iter().zip(state.store.record_outcomes(&batch).await?) {
+        for (i, status) in round.into_iter().zip(record_and_count(state, &batch).await?) {
             statuses[i] = status;
         }
+    }
+    Ok(statuses)
+}
+
+async fn record_and_count(state: &AppState, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
+    let statuses = state.store.record_outcomes(writes).await?;
+    for (write, status) in writes.iter().zip(&statuses) {
+        state.metrics.outcome(write.outcome.as_str(), status.as_str());
     }
     Ok(statuses)
 }

@@ -233,6 +233,18 @@ pub enum OutcomeStatus {
     NotDecomposed,
 }
 
+impl OutcomeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Duplicate => "duplicate",
+            Self::Conflict => "conflict",
+            Self::NotFound => "not_found",
+            Self::NotDecomposed => "not_decomposed",
+        }
+    }
+}
+
 /// The answer to a claim: the children handed out under one lease.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Claim {

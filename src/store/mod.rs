@@ -42,7 +42,8 @@ impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             max_connections: 16,
-            acquire_timeout: Duration::from_secs(5),
+            // Under 5 s: with the database down, a request is answered 503 within 5 s.
+            acquire_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -52,7 +53,23 @@ impl Default for StoreOptions {
 pub struct Store {
     db: Db,
     floors: Arc<floors::ClaimFloors>,
+    /// Children whose expired lease this process swept, for the metrics.
+    expired_total: Arc<std::sync::atomic::AtomicU64>,
+    /// A parent's queue never changes: remembered for claim metrics.
+    queues: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, QueueName>>>,
 }
+
+/// One connection pool's occupancy, for the metrics gauges.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolStats {
+    pub name: &'static str,
+    pub size: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
+/// How many parents' queues `Store::queue_of` remembers before starting over.
+const QUEUE_CACHE: usize = 10_000;
 
 #[derive(Debug, Clone)]
 enum Db {
@@ -126,6 +143,55 @@ impl Store {
         Self {
             db,
             floors: Arc::default(),
+            expired_total: Arc::default(),
+            queues: Arc::default(),
+        }
+    }
+
+    /// Children whose expired lease this process has swept since it started.
+    pub fn leases_expired_total(&self) -> u64 {
+        self.expired_total.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Each pool's size, idle connections and maximum.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        dispatch!(self, s => s.pool_stats())
+    }
+
+    /// The queue of a parent (cached: it never changes once registered).
+    pub async fn queue_of(&self, parent_id: &ParentId) -> ApiResult<QueueName> {
+        let cached = self
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(parent_id)
+            .cloned();
+        if let Some(queue) = cached {
+            return Ok(queue);
+        }
+        let queue = dispatch!(self, s => s.queue_of(parent_id).await)?;
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if queues.len() >= QUEUE_CACHE {
+            queues.clear();
+        }
+        queues.insert(parent_id.clone(), queue.clone());
+        Ok(queue)
+    }
+
+    /// Tells every replica's waiting claims that work may have become
+    /// claimable (Postgres `NOTIFY`; nothing to do for the one SQLite process).
+    pub async fn notify_work(&self) -> ApiResult<()> {
+        match &self.db {
+            Db::Postgres(s) => s.notify_work().await,
+            Db::Sqlite(_) => Ok(()),
+        }
+    }
+
+    /// A stream of other replicas' work notifications (Postgres only).
+    pub async fn listen_for_work(&self) -> ApiResult<Option<sqlx::postgres::PgListener>> {
+        match &self.db {
+            Db::Postgres(s) => s.listen_for_work().await.map(Some),
+            Db::Sqlite(_) => Ok(None),
         }
     }
 
@@ -312,6 +378,8 @@ impl Store {
             if batch < EXPIRE_BATCH as u64 {
                 if moved > 0 {
                     self.floors.forget_all();
+                    self.expired_total
+                        .fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
                 }
                 return Ok(moved);
             }

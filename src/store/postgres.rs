@@ -6,11 +6,11 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::{ChildRef, ParentFilter, StoreOptions, parse_column};
+use super::{ChildRef, ParentFilter, PoolStats, StoreOptions, parse_column};
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
@@ -18,6 +18,9 @@ use crate::ledger::{
     Outcome, OutcomeStatus, OutcomeWrite, Parent, ParentId, ParentRow, QueueName, ReconcileReport, Registration,
     idempotency_key,
 };
+
+/// The `LISTEN`/`NOTIFY` channel on which replicas wake each other's waiting claims.
+const WORK_CHANNEL: &str = "child_ledger_work";
 
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -86,6 +89,40 @@ impl PgStore {
     pub async fn ping(&self) -> ApiResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        vec![PoolStats {
+            name: "postgres",
+            size: self.pool.size(),
+            idle: self.pool.num_idle() as u32,
+            max: self.pool.options().get_max_connections(),
+        }]
+    }
+
+    pub async fn queue_of(&self, parent_id: &ParentId) -> ApiResult<QueueName> {
+        let queue: Option<String> = sqlx::query_scalar("SELECT queue FROM parent WHERE parent_id = $1")
+            .bind(parent_id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        queue
+            .map(QueueName::from_ledger)
+            .ok_or_else(|| ApiError::NotFound(format!("no parent {parent_id}")))
+    }
+
+    /// One notification per call, however many children it concerns.
+    pub async fn notify_work(&self) -> ApiResult<()> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(WORK_CHANNEL)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn listen_for_work(&self) -> ApiResult<PgListener> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(WORK_CHANNEL).await?;
+        Ok(listener)
     }
 
     pub async fn register(&self, reg: &Registration) -> ApiResult<(bool, Parent)> {

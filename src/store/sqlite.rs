@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool, Transaction};
 use uuid::Uuid;
 
-use super::{ChildRef, ParentFilter, StoreOptions, parse_column};
+use super::{ChildRef, ParentFilter, PoolStats, StoreOptions, parse_column};
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::projection::{self, DerivedProjection, StoredProjection, Tally};
 use crate::ledger::{
@@ -91,6 +91,28 @@ impl SqliteStore {
     pub async fn ping(&self) -> ApiResult<()> {
         sqlx::query("SELECT 1").execute(&self.readers).await?;
         Ok(())
+    }
+
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        [("sqlite_writer", &self.writer), ("sqlite_readers", &self.readers)]
+            .into_iter()
+            .map(|(name, pool)| PoolStats {
+                name,
+                size: pool.size(),
+                idle: pool.num_idle() as u32,
+                max: pool.options().get_max_connections(),
+            })
+            .collect()
+    }
+
+    pub async fn queue_of(&self, parent_id: &ParentId) -> ApiResult<QueueName> {
+        let queue: Option<String> = sqlx::query_scalar("SELECT queue FROM parent WHERE parent_id = ?1")
+            .bind(parent_id.as_str())
+            .fetch_optional(&self.readers)
+            .await?;
+        queue
+            .map(QueueName::from_ledger)
+            .ok_or_else(|| ApiError::NotFound(format!("no parent {parent_id}")))
     }
 
     pub async fn register(&self, reg: &Registration) -> ApiResult<(bool, Parent)> {

@@ -95,6 +95,8 @@ pub struct TestApp {
     store: Store,
     server: tokio::task::JoinHandle<()>,
     reaper: tokio::task::JoinHandle<()>,
+    listener_task: tokio::task::JoinHandle<()>,
+    owns_database: bool,
     _dir: Option<TempDir>,
 }
 
@@ -204,11 +206,31 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
         }
         Backend::Postgres => (create_database().await, None),
     };
+    start_app(backend, database_url, dir, limits, true).await
+}
+
+impl TestApp {
+    /// A second service on this app's database, as another replica would be:
+    /// its own pools, reaper, work listener and port. The database stays the
+    /// first app's to drop.
+    pub async fn replica(&self) -> TestApp {
+        start_app(self.backend, self.database_url.clone(), None, Limits::default(), false).await
+    }
+}
+
+async fn start_app(
+    backend: Backend,
+    database_url: String,
+    dir: Option<TempDir>,
+    limits: Limits,
+    owns_database: bool,
+) -> TestApp {
     let store = Store::connect(&database_url).await.expect("connect store");
     store.migrate().await.expect("migrate");
     let state = AppState::new(store.clone(), limits);
     // The reaper runs as in production, beside the sweep that short claims do.
     let reaper = tokio::spawn(child_ledger::reap_expired_leases(state.clone(), Duration::from_secs(1)));
+    let listener_task = tokio::spawn(child_ledger::listen_for_work(state.clone()));
     let router = app(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -226,6 +248,8 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
         store,
         server,
         reaper,
+        listener_task,
+        owns_database,
         _dir: dir,
     }
 }
@@ -234,7 +258,8 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         self.server.abort();
         self.reaper.abort();
-        if self.backend == Backend::Postgres {
+        self.listener_task.abort();
+        if self.backend == Backend::Postgres && self.owns_database {
             // Drop the test's database so runs do not pile them up.
             drop_database(&self.database_url);
         }

@@ -32,6 +32,7 @@ pub struct ServiceProcess {
     pub port: u16,
     pub base: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -40,6 +41,11 @@ impl ServiceProcess {
     /// Starts `child-ledger --listen 127.0.0.1:<free port> --database-url <url> <extra>`
     /// and waits until it answers `/healthz` (not `/readyz`: the database may be down on purpose).
     pub async fn start(name: &str, database_url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(name, database_url, extra, &[]).await
+    }
+
+    /// As `start`, with extra environment variables (e.g. `RUST_LOG`).
+    pub async fn start_with_env(name: &str, database_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("child-ledger-{name}-{}.log", uuid::Uuid::new_v4()));
         let mut args = vec![
@@ -54,6 +60,7 @@ impl ServiceProcess {
             port,
             base: format!("http://127.0.0.1:{port}"),
             args,
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             log,
             child: None,
         };
@@ -73,6 +80,7 @@ impl ServiceProcess {
                 "RUST_LOG",
                 std::env::var("LEDGER_TEST_SERVICE_LOG").unwrap_or_else(|_| "info".to_owned()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .kill_on_drop(true)

@@ -1,0 +1,273 @@
+//! Prometheus metrics, kept in process and rendered as text at `/metrics`.
+//!
+//! Counters are keyed by their label values; a request takes one short lock
+//! per family it touches. Pool gauges are read from the store when rendered.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::store::PoolStats;
+
+/// Upper bounds (seconds) of the request duration histogram's buckets.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// Observations at or below each bound (not cumulative until rendered).
+    buckets: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        if let Some(i) = BUCKETS.iter().position(|&bound| seconds <= bound) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    durations: Mutex<BTreeMap<(String, String), Histogram>>,
+    claimed: Mutex<BTreeMap<String, u64>>,
+    outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Metrics {
+    /// One answered request, under its route template (never the raw path).
+    pub fn request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        *lock(&self.requests)
+            .entry((method.to_owned(), route.to_owned(), status))
+            .or_default() += 1;
+        lock(&self.durations)
+            .entry((method.to_owned(), route.to_owned()))
+            .or_default()
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Children handed out by a claim, by the queue of their parent.
+    pub fn claimed(&self, queue: &str, children: usize) {
+        if children > 0 {
+            *lock(&self.claimed).entry(queue.to_owned()).or_default() += children as u64;
+        }
+    }
+
+    /// One outcome write and what became of it (`applied`, `duplicate`, ...).
+    pub fn outcome(&self, outcome: &'static str, status: &'static str) {
+        *lock(&self.outcomes).entry((outcome, status)).or_default() += 1;
+    }
+
+    /// Prometheus text exposition format 0.0.4.
+    /// `leases_expired` is the store's count of children whose lease ran out
+    /// and were swept back to pending (or held, or failed) by this process.
+    pub fn render(&self, pools: &[PoolStats], leases_expired: u64) -> String {
+        let mut out = String::with_capacity(4096);
+        family(
+            &mut out,
+            "child_ledger_http_requests_total",
+            "counter",
+            "HTTP requests answered, by method, route template and status.",
+        );
+        for ((method, route, status), n) in lock(&self.requests).iter() {
+            let _ = writeln!(
+                out,
+                "child_ledger_http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {n}",
+                escape(route)
+            );
+        }
+
+        family(
+            &mut out,
+            "child_ledger_http_request_duration_seconds",
+            "histogram",
+            "Time from request to response, by method and route template.",
+        );
+        for ((method, route), h) in lock(&self.durations).iter() {
+            let labels = format!("method=\"{method}\",route=\"{}\"", escape(route));
+            let mut cumulative = 0;
+            for (bound, n) in BUCKETS.iter().zip(h.buckets) {
+                cumulative += n;
+                let _ = writeln!(
+                    out,
+                    "child_ledger_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "child_ledger_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "child_ledger_http_request_duration_seconds_sum{{{labels}}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "child_ledger_http_request_duration_seconds_count{{{labels}}} {}",
+                h.count
+            );
+        }
+
+        family(
+            &mut out,
+            "child_ledger_children_claimed_total",
+            "counter",
+            "Children handed out by claims, by the queue of their parent.",
+        );
+        for (queue, n) in lock(&self.claimed).iter() {
+            let _ = writeln!(
+                out,
+                "child_ledger_children_claimed_total{{queue=\"{}\"}} {n}",
+                escape(queue)
+            );
+        }
+
+        family(
+            &mut out,
+            "child_ledger_outcomes_total",
+            "counter",
+            "Outcome writes, by outcome and by what became of them (applied, duplicate, conflict, not_found, not_decomposed).",
+        );
+        for ((outcome, status), n) in lock(&self.outcomes).iter() {
+            let _ = writeln!(
+                out,
+                "child_ledger_outcomes_total{{outcome=\"{outcome}\",status=\"{status}\"}} {n}"
+            );
+        }
+
+        family(
+            &mut out,
+            "child_ledger_leases_expired_total",
+            "counter",
+            "Children whose lease ran out, swept by this process.",
+        );
+        let _ = writeln!(out, "child_ledger_leases_expired_total {leases_expired}");
+
+        family(
+            &mut out,
+            "child_ledger_db_pool_connections",
+            "gauge",
+            "Open database connections, by pool and state (idle or in use).",
+        );
+        for pool in pools {
+            let _ = writeln!(
+                out,
+                "child_ledger_db_pool_connections{{pool=\"{}\",state=\"idle\"}} {}",
+                pool.name, pool.idle
+            );
+            let _ = writeln!(
+                out,
+                "child_ledger_db_pool_connections{{pool=\"{}\",state=\"in_use\"}} {}",
+                pool.name,
+                pool.size.saturating_sub(pool.idle)
+            );
+        }
+        family(
+            &mut out,
+            "child_ledger_db_pool_max_connections",
+            "gauge",
+            "The most connections each pool opens.",
+        );
+        for pool in pools {
+            let _ = writeln!(
+                out,
+                "child_ledger_db_pool_max_connections{{pool=\"{}\"}} {}",
+                pool.name, pool.max
+            );
+        }
+        out
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Escapes a label value (routes and queues are already restricted, but a
+/// label must never break the exposition format).
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_in_inf() {
+        let metrics = Metrics::default();
+        for ms in [0.5, 3.0, 3.0, 200.0, 40_000.0] {
+            metrics.request(
+                "GET",
+                "/v1/parents/{parent_id}",
+                200,
+                Duration::from_secs_f64(ms / 1000.0),
+            );
+        }
+        let text = metrics.render(&[], 0);
+        let bucket = |le: &str| {
+            let prefix = format!(
+                "child_ledger_http_request_duration_seconds_bucket{{method=\"GET\",route=\"/v1/parents/{{parent_id}}\",le=\"{le}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("no bucket {le} in\n{text}"))
+                .parse::<u64>()
+                .unwrap()
+        };
+        assert_eq!(bucket("0.001"), 1);
+        assert_eq!(bucket("0.005"), 3);
+        assert_eq!(bucket("0.25"), 4);
+        assert_eq!(bucket("30"), 4);
+        assert_eq!(bucket("+Inf"), 5);
+        assert!(text.contains(
+            "child_ledger_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/parents/{parent_id}\"} 5"
+        ));
+        assert!(text.contains(
+            "child_ledger_http_requests_total{method=\"GET\",route=\"/v1/parents/{parent_id}\",status=\"200\"} 5"
+        ));
+    }
+
+    #[test]
+    fn counters_and_gauges_render_with_their_labels() {
+        let metrics = Metrics::default();
+        metrics.claimed("events", 3);
+        metrics.claimed("events", 0);
+        metrics.outcome("processed", "applied");
+        metrics.outcome("processed", "applied");
+        metrics.outcome("failed", "conflict");
+        let pools = [PoolStats {
+            name: "postgres",
+            size: 5,
+            idle: 2,
+            max: 16,
+        }];
+        let text = metrics.render(&pools, 4);
+        for line in [
+            "child_ledger_children_claimed_total{queue=\"events\"} 3",
+            "child_ledger_outcomes_total{outcome=\"processed\",status=\"applied\"} 2",
+            "child_ledger_outcomes_total{outcome=\"failed\",status=\"conflict\"} 1",
+            "child_ledger_leases_expired_total 4",
+            "child_ledger_db_pool_connections{pool=\"postgres\",state=\"idle\"} 2",
+            "child_ledger_db_pool_connections{pool=\"postgres\",state=\"in_use\"} 3",
+            "child_ledger_db_pool_max_connections{pool=\"postgres\"} 16",
+            "# TYPE child_ledger_http_request_duration_seconds histogram",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+}
