@@ -55,6 +55,10 @@ const TERMINAL_TALLY: &str = "SELECT count(*) AS total, \
     count(*) FILTER (WHERE state = 'skipped') AS skipped \
     FROM child WHERE parent_id = ?1";
 
+/// How long a write waits for its turn: for the writer connection, and for
+/// SQLite's file lock when another process writes the same file.
+const WRITER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl SqliteStore {
     pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)?
@@ -62,13 +66,16 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             // An acknowledged outcome must survive a power cut, not only a crash.
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(std::time::Duration::from_secs(10))
+            // Within this process one writer connection takes turns; another
+            // process on the same file is waited for as long as a writer
+            // queues here, so a lock is waited out, never answered as an error.
+            .busy_timeout(WRITER_WAIT)
             .foreign_keys(true);
         // Writers queue here behind the one connection; a 100,000-child
         // registration holds it for seconds, which is no outage.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(options.acquire_timeout.max(std::time::Duration::from_secs(60)))
+            .acquire_timeout(options.acquire_timeout.max(WRITER_WAIT))
             .connect_with(connect.clone())
             .await?;
         let readers = SqlitePoolOptions::new()
