@@ -230,13 +230,59 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
-        match err {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
-                Self::Unavailable(err)
-            }
-            other => Self::Internal(anyhow::Error::new(other)),
+        if is_unavailable(&err) {
+            Self::Unavailable(err)
+        } else {
+            Self::Internal(anyhow::Error::new(err))
         }
     }
 }
 
+/// Whether an error says the database, or the connection to it, is gone (503
+/// with `Retry-After`: try again later) rather than that this request failed.
+fn is_unavailable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        // What a connection that died under a request reports.
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        // Postgres ending the session: class 08 connection exception,
+        // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now,
+        // 53300 too_many_connections. SQLite still busy or locked after the
+        // busy timeout (5 SQLITE_BUSY, 6 SQLITE_LOCKED and their extended
+        // codes): another process held the file too long; retrying is right.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "5" | "6" | "261" | "262" | "517")
+        }),
+        _ => false,
+    }
+}
+
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_database_is_503_and_a_failed_query_500() {
+        for lost in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+            sqlx::Error::Protocol("unexpected message on a dead connection".to_owned()),
+            sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
+        ] {
+            let err = ApiError::from(lost);
+            assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE, "{err:?}");
+            assert_eq!(err.kind(), "database-unavailable");
+            assert!(err.into_response().headers().contains_key(header::RETRY_AFTER));
+        }
+        let err = ApiError::from(sqlx::Error::ColumnNotFound("total".to_owned()));
+        assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}

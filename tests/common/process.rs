@@ -39,7 +39,7 @@ pub struct ServiceProcess {
 
 impl ServiceProcess {
     /// Starts `child-ledger --listen 127.0.0.1:<free port> --database-url <url> <extra>`
-    /// and waits until it answers `/healthz` (not `/readyz`: the database may be down on purpose).
+    /// without waiting: call `ready()` or `wait_for()` (the database may be down on purpose).
     pub async fn start(name: &str, database_url: &str, extra: &[&str]) -> Self {
         Self::start_with_env(name, database_url, extra, &[]).await
     }

@@ -1,0 +1,441 @@
+//! Graceful shutdown: on SIGTERM the service stops accepting connections,
+//! finishes the requests in flight, answers waiting long polls at once and
+//! exits 0 within a bound; no outcome it acknowledged is lost. Each test runs
+//! the real binary on both stores and restarts it on the same database.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::process::ServiceProcess;
+use common::*;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// The process must have exited this long after SIGTERM.
+const EXIT_BOUND: Duration = Duration::from_secs(10);
+/// Children in the registration that is in flight when the signal comes.
+const BIG: usize = 20_000;
+/// Claimed children whose outcomes are posted around the signal.
+const CLAIMED: usize = 300;
+/// Outcomes acknowledged well before the signal.
+const EARLY: usize = 20;
+/// Outcomes per batch posted around the signal (one batch every 2 ms).
+const BATCH: usize = 10;
+/// When the signal is sent, counted from the first of those batches.
+const SIGNAL_DELAY: Duration = Duration::from_millis(15);
+
+async fn start(db: &TestDatabase, name: &str) -> ServiceProcess {
+    let service = ServiceProcess::start(name, &db.url, &[]).await;
+    service.wait_for("/healthz", Duration::from_secs(60)).await;
+    service.ready().await;
+    service
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Sends a JSON request and returns the status and body, or panics.
+async fn call(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = client.request(method.clone(), url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+async fn expect(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Value>,
+    want: StatusCode,
+) -> Value {
+    let (status, answer) = call(client, method.clone(), url, body).await;
+    assert_eq!(status, want, "{method} {url}: {answer}");
+    answer
+}
+
+/// Polls new TCP connections to the service until one is refused; how long that took.
+async fn until_refused(port: u16, bound: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return started.elapsed(),
+            // A handshake that raced the listener's closing: try again.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("connecting after SIGTERM: unexpected error {e}"),
+            Ok(stream) => drop(stream),
+        }
+        assert!(
+            started.elapsed() < bound,
+            "new connections were still accepted {bound:?} after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A reconcile dry run finds the stored projection in agreement with the rows.
+async fn assert_no_drift(client: &reqwest::Client, base: &str, parent: &str) {
+    let report = expect(
+        client,
+        reqwest::Method::POST,
+        &format!("{base}/v1/parents/{parent}/reconcile"),
+        Some(json!({"dry_run": true})),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(report["changes"], json!([]), "{parent} drifted: {report}");
+}
+
+async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let mut service = start(&db, "shutdown").await;
+    let base = service.base.clone();
+    let http = client();
+    use reqwest::Method;
+
+    // A parent whose children are all claimed, for outcomes around the signal.
+    let outcomes_parent = "sd-outcomes";
+    expect(
+        &http,
+        Method::PUT,
+        &format!("{base}/v1/parents/{outcomes_parent}"),
+        Some(json!({"queue": "sd", "children": children(CLAIMED)})),
+        StatusCode::CREATED,
+    )
+    .await;
+    let claim = expect(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/parents/{outcomes_parent}/claims"),
+        Some(json!({"limit": CLAIMED, "lease_seconds": 600, "worker": "w-shutdown"})),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(claim["children"].as_array().map(Vec::len), Some(CLAIMED));
+    let claim_id = claim["claim_id"].as_str().unwrap().to_owned();
+    let outcome = |sequence: usize, tag: &str| {
+        json!({"parent_id": outcomes_parent, "sequence": sequence, "outcome": "processed",
+               "result": {"tag": tag}, "claim_id": claim_id})
+    };
+    let early: Vec<Value> = (0..EARLY).map(|s| outcome(s, "early")).collect();
+    let answer = expect(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/outcomes"),
+        Some(json!({"outcomes": early})),
+        StatusCode::OK,
+    )
+    .await;
+    assert!(
+        answer["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["status"] == "applied"),
+        "{answer}"
+    );
+
+    // In flight when the signal comes: a 20,000-child registration whose body
+    // is sent half now and half after the signal.
+    let big_parent = "sd-big";
+    let registration = json!({
+        "queue": "sd-big",
+        "children": (0..BIG).map(|i| json!({"payload": {"n": i}, "key": format!("k-{i}")})).collect::<Vec<_>>(),
+    });
+    let mut head = serde_json::to_vec(&registration).unwrap();
+    let tail = head.split_off(head.len() / 2);
+    let (head_sent, head_sent_rx) = tokio::sync::oneshot::channel::<()>();
+    let (send_tail, send_tail_rx) = tokio::sync::oneshot::channel::<()>();
+    let body = futures::stream::once(async move {
+        let _ = head_sent.send(());
+        Ok::<_, std::io::Error>(head)
+    })
+    .chain(futures::stream::once(async move {
+        let _ = send_tail_rx.await;
+        Ok(tail)
+    }));
+    // On a connection the server has already accepted and answered on, so
+    // the request cannot be left in the listen backlog when the signal comes.
+    let streaming = client();
+    expect(
+        &streaming,
+        Method::GET,
+        &format!("{base}/healthz"),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    let in_flight = {
+        let request = streaming
+            .put(format!("{base}/v1/parents/{big_parent}"))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(reqwest::Body::wrap_stream(body));
+        tokio::spawn(async move {
+            let response = request.send().await?;
+            let status = response.status();
+            let body: Value = response.json().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        })
+    };
+    head_sent_rx.await.unwrap();
+    // The server has read the headers and is reading the body.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Outcome batches posted every 2 ms around the signal, each on its own connection.
+    let batches: Vec<Vec<Value>> = (EARLY..CLAIMED)
+        .collect::<Vec<_>>()
+        .chunks(BATCH)
+        .enumerate()
+        .map(|(b, sequences)| sequences.iter().map(|&s| outcome(s, &format!("batch-{b}"))).collect())
+        .collect();
+    let posted: Vec<_> = batches
+        .iter()
+        .enumerate()
+        .map(|(b, batch)| {
+            let url = format!("{base}/v1/outcomes");
+            let body = json!({"outcomes": batch});
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(2 * b as u64)).await;
+                let fresh = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(60))
+                    .build()
+                    .unwrap();
+                let response = fresh.post(url).json(&body).send().await?;
+                let status = response.status();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                Ok::<_, reqwest::Error>((status, body))
+            })
+        })
+        .collect();
+
+    let port = service.port;
+    let (exit, observed) = tokio::join!(
+        async {
+            tokio::time::sleep(SIGNAL_DELAY).await;
+            let signalled = Instant::now();
+            let status = service.terminate(EXIT_BOUND).await;
+            (status, signalled.elapsed())
+        },
+        async {
+            tokio::time::sleep(SIGNAL_DELAY).await;
+            let refused_after = until_refused(port, Duration::from_secs(5)).await;
+            // Not even an HTTP request gets through a new connection.
+            let refused = reqwest::Client::new()
+                .get(format!("http://127.0.0.1:{port}/healthz"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            assert!(
+                refused.is_err(),
+                "a new request was answered after SIGTERM: {refused:?}"
+            );
+            // Only now does the in-flight registration get the rest of its body.
+            send_tail.send(()).unwrap();
+            let released = Instant::now();
+            let registered = in_flight.await.unwrap();
+            (refused_after, registered, released.elapsed())
+        },
+    );
+    let (status, exited_after) = exit;
+    let (refused_after, registered, finished_after_release) = observed;
+    let (status_code, registered) = registered.expect("the in-flight registration got no answer");
+    assert_eq!(
+        status_code,
+        StatusCode::CREATED,
+        "the in-flight registration: {registered}"
+    );
+    assert_eq!(registered["counts"]["total"], BIG, "{registered}");
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+
+    let mut acknowledged: Vec<(usize, String)> = (0..EARLY).map(|s| (s, "early".to_owned())).collect();
+    let (mut acked_batches, mut refused_batches, mut other) = (0, 0, Vec::new());
+    for (b, posted) in posted.into_iter().enumerate() {
+        match posted.await.unwrap() {
+            Ok((StatusCode::OK, body)) => {
+                acked_batches += 1;
+                for (result, write) in body["results"].as_array().unwrap().iter().zip(&batches[b]) {
+                    assert_eq!(result["status"], "applied", "batch {b}: {body}");
+                    let sequence = write["sequence"].as_u64().unwrap() as usize;
+                    acknowledged.push((sequence, format!("batch-{b}")));
+                }
+            }
+            Ok((status, body)) => other.push(format!("batch {b}: {status} {body}")),
+            Err(_) => refused_batches += 1,
+        }
+    }
+    assert!(
+        other.is_empty(),
+        "answers that are neither 200 nor a refused connection: {other:?}"
+    );
+
+    // The same database, a new process: everything acknowledged is there.
+    service.restart().await;
+    service.ready().await;
+    for (sequence, tag) in &acknowledged {
+        let child = expect(
+            &http,
+            Method::GET,
+            &format!("{base}/v1/parents/{outcomes_parent}/children/{sequence}"),
+            None,
+            StatusCode::OK,
+        )
+        .await;
+        assert_eq!(
+            (&child["state"], &child["result"]),
+            (&json!("processed"), &json!({"tag": tag})),
+            "acknowledged outcome lost: {child}"
+        );
+    }
+    let processed = expect(
+        &http,
+        Method::GET,
+        &format!("{base}/v1/parents/{outcomes_parent}/children?state=processed&limit=1000"),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    let processed: BTreeSet<u64> = processed["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["sequence"].as_u64().unwrap())
+        .collect();
+    let parent = expect(
+        &http,
+        Method::GET,
+        &format!("{base}/v1/parents/{outcomes_parent}"),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(parent["counts"]["processed"], processed.len(), "{parent}");
+    assert_no_drift(&http, &base, outcomes_parent).await;
+
+    // The registration that was in flight is whole.
+    let big = expect(
+        &http,
+        Method::GET,
+        &format!("{base}/v1/parents/{big_parent}"),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(big["state"], "active", "{big}");
+    assert_eq!(
+        (&big["counts"]["total"], &big["counts"]["pending"]),
+        (&json!(BIG), &json!(BIG)),
+        "{big}"
+    );
+    assert!(big["decomposed_at"].is_string(), "{big}");
+    let last = expect(
+        &http,
+        Method::GET,
+        &format!("{base}/v1/parents/{big_parent}/children/{}", BIG - 1),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(
+        (&last["key"], &last["payload"]),
+        (&json!(format!("k-{}", BIG - 1)), &json!({"n": BIG - 1})),
+        "{last}"
+    );
+    assert_no_drift(&http, &base, big_parent).await;
+    service.terminate(EXIT_BOUND).await;
+
+    eprintln!(
+        "{backend:?} shutdown: new connections refused {:.2} s after SIGTERM; the in-flight {BIG}-child registration \
+         answered 201 {:.2} s after its body was released; exited 0 {:.2} s after SIGTERM; {} outcomes acknowledged \
+         ({acked_batches} batches around the signal, {refused_batches} refused), all durable after restart",
+        refused_after.as_secs_f64(),
+        finished_after_release.as_secs_f64(),
+        exited_after.as_secs_f64(),
+        acknowledged.len()
+    );
+}
+
+async fn sigterm_ends_long_polls_promptly(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let mut service = start(&db, "shutdown-long-poll").await;
+    let base = service.base.clone();
+    let http = client();
+    use reqwest::Method;
+
+    // One parent whose only child is leased: nothing claimable anywhere.
+    expect(
+        &http,
+        Method::PUT,
+        &format!("{base}/v1/parents/sd-poll"),
+        Some(json!({"queue": "sd-poll", "children": children(1)})),
+        StatusCode::CREATED,
+    )
+    .await;
+    expect(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/parents/sd-poll/claims"),
+        Some(json!({"limit": 1, "lease_seconds": 600})),
+        StatusCode::OK,
+    )
+    .await;
+
+    let long_poll = |path: String| {
+        let http = http.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let answer = call(
+                &http,
+                Method::POST,
+                &path,
+                Some(json!({"limit": 10, "wait_seconds": 20})),
+            )
+            .await;
+            (answer, started.elapsed())
+        })
+    };
+    let queue_poll = long_poll(format!("{base}/v1/queues/sd-poll/claims"));
+    let parent_poll = long_poll(format!("{base}/v1/parents/sd-poll/claims"));
+    // Both are waiting inside the service.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let signalled = Instant::now();
+    let status = service.terminate(EXIT_BOUND).await;
+    let exited_after = signalled.elapsed();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    for (name, poll) in [("queue", queue_poll), ("parent", parent_poll)] {
+        let ((status, body), took) = poll.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{name} long poll: {body}");
+        assert_eq!(body["children"], json!([]), "{name} long poll: {body}");
+        assert!(
+            took < Duration::from_secs(15),
+            "{name} long poll held {took:?}: not ended by the shutdown"
+        );
+    }
+
+    eprintln!(
+        "{backend:?} shutdown with two 20 s long polls waiting: both answered 200 [] and the process exited 0 \
+         {:.2} s after SIGTERM",
+        exited_after.as_secs_f64()
+    );
+}
+
+both_stores!(
+    sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes,
+    sigterm_ends_long_polls_promptly,
+);
