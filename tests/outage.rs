@@ -553,7 +553,13 @@ async fn outage_answers_503_fast_and_recovers_without_restart() {
         "the service took {recovered_in:?} to serve again after Postgres came back (bound {RECOVERY:?})"
     );
 
-    // Nothing written before the outage was lost or changed.
+    // Nothing written before the outage was lost or changed. The outcome in
+    // flight for child 2 may have committed even when its answer was a 503
+    // (the commit raced the session's end): that is the one change allowed.
+    let child2_done = http
+        .ok(Method::GET, &format!("{parent_path}/children/2"), None, StatusCode::OK)
+        .await["state"]
+        == "processed";
     let after = http.ok(Method::GET, &parent_path, None, StatusCode::OK).await;
     for field in [
         "parent_id",
@@ -569,7 +575,7 @@ async fn outage_answers_503_fast_and_recovers_without_restart() {
             "parent {field} changed: {before} -> {after}"
         );
     }
-    for count in ["total", "processed", "failed", "skipped"] {
+    for count in ["total", "failed", "skipped"] {
         assert_eq!(
             after["counts"][count], before["counts"][count],
             "{count}: {before} -> {after}"
@@ -577,7 +583,7 @@ async fn outage_answers_503_fast_and_recovers_without_restart() {
     }
     assert_eq!(
         (after["counts"]["total"].as_u64(), after["counts"]["processed"].as_u64()),
-        (Some(11), Some(1))
+        (Some(11), Some(1 + u64::from(child2_done)))
     );
     assert_eq!(
         (after["counts"]["failed"].as_u64(), after["counts"]["skipped"].as_u64()),
@@ -589,6 +595,7 @@ async fn outage_answers_503_fast_and_recovers_without_restart() {
             .as_array()
             .unwrap()
             .iter()
+            .filter(|c| c["sequence"] != 2)
             .map(|c| {
                 json!([
                     c["sequence"],
