@@ -266,6 +266,45 @@ async fn stale_claim_is_fenced(backend: Backend) {
     assert!(sequences(&claim(&app, "P-fence", 10, 300, "worker-c").await).is_empty());
 }
 
+/// The holder whose lease ran out may still finish first: its write wins
+/// (first writer wins), credited to its own attempt, below `attempts`, so the
+/// late win stays visible; the current holder's write is the logged conflict.
+async fn late_win_by_an_expired_holder_stays_visible(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-late", json!({"children": children(1)})).await;
+    let a = claim(&app, "P-late", 10, 1, "worker-a").await;
+    tokio::time::sleep(PAST_LEASE).await;
+    let b = claim(&app, "P-late", 10, 300, "worker-b").await;
+    assert_eq!(b["children"][0]["attempt"], 2, "{b}");
+
+    let r = app
+        .post(
+            "/v1/parents/P-late/children/0/outcome",
+            json!({"outcome": "processed", "result": {"by": "a"}, "claim_id": claim_id(&a)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["applied"], true, "{r:?}");
+    let child = &r.body["child"];
+    assert_eq!(child["attempts"], 2, "{child}");
+    assert_eq!(
+        child["outcome_attempt"], 1,
+        "the late win is credited to attempt 1: {child}"
+    );
+
+    let r = app
+        .post(
+            "/v1/parents/P-late/children/0/outcome",
+            json!({"outcome": "failed", "reason": "b disagrees", "claim_id": claim_id(&b)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    let child = get_child(&app, "P-late", 0).await;
+    assert_eq!(child["outcome"], "processed", "{child}");
+    assert_eq!(child["conflicts"][0]["attempt"], 2, "{child}");
+    assert_eq!(child["conflicts"][0]["claim_id"], claim_id(&b), "{child}");
+}
+
 async fn attempts_run_out(backend: Backend) {
     let app = spawn_app(backend).await;
     register(&app, "P-max", json!({"children": children(1), "max_attempts": 2})).await;
@@ -352,6 +391,7 @@ both_stores!(
     extend_keeps_the_lease,
     release_returns_children,
     stale_claim_is_fenced,
+    late_win_by_an_expired_holder_stays_visible,
     attempts_run_out,
     hold_policy_waits_for_a_decision,
     lower_child_pending_again_comes_first,

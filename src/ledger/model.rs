@@ -130,8 +130,10 @@ pub struct Child {
     pub outcome: Option<Outcome>,
     pub reason: Option<String>,
     pub result: Option<Value>,
-    /// The attempt whose write won; `null` for children skipped at registration
-    /// and for writes from a claim that no longer held the child.
+    /// The attempt whose write won. Below `attempts` when the previous holder
+    /// (its lease expired, or it released the child) won after the child was
+    /// handed out again: its work may have happened. `null` for children skipped
+    /// at registration and for writes from a claim older than the previous one.
     pub outcome_attempt: Option<i32>,
     pub terminal_at: Option<DateTime<Utc>>,
     /// Outcome writes that lost to the first one.

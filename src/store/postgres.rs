@@ -380,7 +380,8 @@ impl PgStore {
         };
         let sql = format!(
             "WITH picked AS ({pick}) \
-             UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, claim_id = $3, \
+             UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
+                 claim_id = $3, \
                  claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), available_at = NULL \
              FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
              RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, \
@@ -510,7 +511,8 @@ impl PgStore {
                      UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
                          terminal_at = now(), \
                          outcome_attempt = CASE WHEN c.attempts > 0 AND (u.claim_id IS NULL OR u.claim_id = c.claim_id) \
-                                                THEN c.attempts END \
+                                                THEN c.attempts \
+                                                WHEN u.claim_id = c.previous_claim_id THEN c.attempts - 1 END \
                      FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
                      WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                        AND c.state IN ('pending', 'in_flight', 'held') \
@@ -880,7 +882,7 @@ async fn log_conflict(tx: &mut Transaction<'_, Postgres>, write: &OutcomeWrite) 
     sqlx::query(
         "UPDATE child SET conflicts = coalesce(conflicts, '[]'::jsonb) || jsonb_build_array(jsonb_build_object( \
              'outcome', $3::text, 'reason', $4::text, 'claim_id', $5::uuid, \
-             'attempt', CASE WHEN $5::uuid IS NOT NULL AND $5::uuid = claim_id THEN attempts END, \
+             'attempt', CASE WHEN $5::uuid = claim_id THEN attempts WHEN $5::uuid = previous_claim_id THEN attempts - 1 END, \
              'at', now())) \
          WHERE parent_id = $1 AND sequence = $2",
     )

@@ -367,7 +367,8 @@ impl SqliteStore {
         };
         let mut tx = self.begin().await?;
         let mut query = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE child SET state = 'in_flight', attempts = attempts + 1, claim_id = ?3, claimed_by = ?4, \
+            "UPDATE child SET state = 'in_flight', attempts = attempts + 1, previous_claim_id = claim_id, \
+                 claim_id = ?3, claimed_by = ?4, \
                  lease_expires_at = {lease}, available_at = NULL \
              WHERE (parent_id, sequence) IN ({pick}) \
              RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at",
@@ -483,7 +484,8 @@ impl SqliteStore {
             "UPDATE child AS c SET state = j.outcome, reason = j.reason, result = j.result, terminal_at = ",
             now!(),
             ", outcome_attempt = CASE WHEN c.attempts > 0 AND (j.claim_id IS NULL OR j.claim_id = c.claim_id) \
-                                      THEN c.attempts END \
+                                      THEN c.attempts \
+                                      WHEN j.claim_id = c.previous_claim_id THEN c.attempts - 1 END \
              FROM (SELECT value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS outcome, \
                           value ->> 3 AS reason, \
                           CASE WHEN json_type(value, '$[4]') = 'null' THEN NULL ELSE value -> 4 END AS result, \
@@ -831,7 +833,7 @@ async fn log_conflict(tx: &mut Transaction<'_, Sqlite>, write: &OutcomeWrite) ->
     sqlx::query(concat!(
         "UPDATE child SET conflicts = json_insert(coalesce(conflicts, '[]'), '$[#]', json_object( \
              'outcome', ?3, 'reason', ?4, 'claim_id', ?5, \
-             'attempt', CASE WHEN ?5 IS NOT NULL AND ?5 = claim_id THEN attempts END, \
+             'attempt', CASE WHEN ?5 = claim_id THEN attempts WHEN ?5 = previous_claim_id THEN attempts - 1 END, \
              'at', ",
         now!(),
         ")) WHERE parent_id = ?1 AND sequence = ?2"
