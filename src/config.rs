@@ -37,7 +37,8 @@ pub struct Config {
         global = true
     )]
     pub database_url: String,
-    /// Most database connections this process opens.
+    /// Most database connections this process opens for requests (on Postgres
+    /// one more is held for `LISTEN`).
     #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
     pub db_max_connections: u32,
     /// How often expired leases are swept to pending, held or failed.

@@ -252,11 +252,13 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
         // Postgres ending the session: class 08 connection exception,
         // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now,
         // 53300 too_many_connections. SQLite still busy or locked after the
-        // busy timeout (5 SQLITE_BUSY, 6 SQLITE_LOCKED and their extended
-        // codes): another process held the file too long; retrying is right.
+        // busy timeout (5 SQLITE_BUSY, 6 SQLITE_LOCKED and every extended code
+        // of theirs): another process held the file too long; retrying is right.
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             code.starts_with("08")
-                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "5" | "6" | "261" | "262" | "517")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+                // SQLite's extended codes keep the primary code in the low byte.
+                || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
         }),
         _ => false,
     }

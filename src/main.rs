@@ -24,7 +24,11 @@ async fn main() -> anyhow::Result<()> {
         max_connections: config.db_max_connections,
         ..StoreOptions::default()
     };
-    let store = connect_with_backoff(&config.database_url, &options).await;
+    // A SIGTERM while the database is still being waited for is a clean exit too.
+    let store = tokio::select! {
+        store = connect_with_backoff(&config.database_url, &options) => store,
+        () = shutdown_signal() => return Ok(()),
+    };
     store.migrate().await.context("applying migrations")?;
     tracing::info!(backend = store.backend(), "ledger ready");
 

@@ -47,7 +47,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Metrics {
     /// One answered request, under its route template (never the raw path).
+    /// Methods outside HTTP's standard set are counted as `OTHER`, so a client
+    /// cannot grow the label set without bound.
     pub fn request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        let method = match method {
+            "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS" | "TRACE" | "CONNECT" => method,
+            _ => "OTHER",
+        };
         *lock(&self.requests)
             .entry((method.to_owned(), route.to_owned(), status))
             .or_default() += 1;
@@ -250,6 +256,8 @@ mod tests {
         metrics.outcome("processed", "applied");
         metrics.outcome("processed", "applied");
         metrics.outcome("failed", "conflict");
+        metrics.request("FOO1", "unmatched", 405, Duration::ZERO);
+        metrics.request("FOO2", "unmatched", 405, Duration::ZERO);
         let pools = [PoolStats {
             name: "postgres",
             size: 5,
@@ -262,6 +270,7 @@ mod tests {
             "child_ledger_outcomes_total{outcome=\"processed\",status=\"applied\"} 2",
             "child_ledger_outcomes_total{outcome=\"failed\",status=\"conflict\"} 1",
             "child_ledger_leases_expired_total 4",
+            "child_ledger_http_requests_total{method=\"OTHER\",route=\"unmatched\",status=\"405\"} 2",
             "child_ledger_db_pool_connections{pool=\"postgres\",state=\"idle\"} 2",
             "child_ledger_db_pool_connections{pool=\"postgres\",state=\"in_use\"} 3",
             "child_ledger_db_pool_max_connections{pool=\"postgres\"} 16",

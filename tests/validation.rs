@@ -483,6 +483,24 @@ fn catalogue() -> Vec<Case> {
     )
     .field("worker");
 
+    // JSON that parses but that a store cannot keep or give back.
+    c.raw(
+        "a lone surrogate in a child payload",
+        Method::PUT,
+        "/v1/parents/V-new",
+        "application/json",
+        br#"{"children": [{"payload": {"s": "\ud800"}}]}"#,
+    )
+    .field("children[0].payload");
+    c.raw(
+        "a number beyond a double in an appended payload",
+        Method::POST,
+        "/v1/parents/V-open/children",
+        "application/json",
+        br#"{"children": [{"sequence": 1, "payload": [1e400]}]}"#,
+    )
+    .field("children[0].payload");
+
     // U+0000, which neither store can keep, anywhere in a string.
     c.raw(
         "U+0000 in a payload member name",

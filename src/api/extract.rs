@@ -311,6 +311,67 @@ pub mod whole {
     }
 }
 
+/// Checks that raw JSON (kept as text, so far only checked for syntax) is
+/// JSON every store can keep and give back: no lone UTF-16 surrogate in a
+/// string escape and no number beyond the range of a double.
+pub fn storable_json(field: &str, text: &str) -> Result<(), ApiError> {
+    use serde::Deserializer as _;
+    use serde::de::{self, MapAccess, SeqAccess, Visitor};
+
+    /// Reads every value fully (strings decoded, numbers parsed) and keeps nothing.
+    struct Storable;
+
+    impl<'de> Visitor<'de> for Storable {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element_seed(StorableSeed)?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while map.next_key_seed(StorableSeed)?.is_some() {
+                map.next_value_seed(StorableSeed)?;
+            }
+            Ok(())
+        }
+    }
+
+    struct StorableSeed;
+
+    impl<'de> de::DeserializeSeed<'de> for StorableSeed {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(Storable)
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_str(text);
+    (&mut de)
+        .deserialize_any(Storable)
+        .map_err(|e| ApiError::invalid(field, format!("cannot be stored: {e}")))
+}
+
 /// The size of a JSON value written compactly, counted without allocating it.
 pub fn json_bytes(value: &serde_json::Value) -> usize {
     struct Count(usize);

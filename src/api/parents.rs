@@ -12,10 +12,12 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{AppJson, AppQuery, in_range, json_bytes, max_bytes, max_chars, parent_id_param, whole};
+use super::extract::{
+    AppJson, AppQuery, in_range, json_bytes, max_bytes, max_chars, parent_id_param, storable_json, whole,
+};
 use crate::AppState;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
+use crate::ledger::fingerprint::{RegistrationContent, fingerprint, minify_json};
 use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentId, ParentState, QueueName, Registration};
 use crate::store::ParentFilter;
 
@@ -152,7 +154,15 @@ impl ChildChecker {
         }
         let payload = match payload {
             Some(payload) => {
-                max_bytes(&format!("{field}.payload"), payload.get().len(), self.max_payload_bytes)?;
+                let field = format!("{field}.payload");
+                // Measured compact, as the parent payload is; minifying is only
+                // needed when the text as sent is over the limit.
+                let mut len = payload.get().len();
+                if len > self.max_payload_bytes {
+                    len = minify_json(payload.get()).len();
+                }
+                max_bytes(&field, len, self.max_payload_bytes)?;
+                storable_json(&field, payload.get())?;
                 payload
             }
             None => null_payload(),

@@ -169,13 +169,14 @@ pub struct NewChild {
 }
 
 impl NewChild {
-    /// Same sequence, key, skip reason and payload (whitespace aside).
+    /// Same sequence, key, skip reason and payload, the payloads compared as
+    /// JSON values (member order and spacing aside), as a stored child is.
     pub fn same_content(&self, other: &NewChild) -> bool {
+        let value = |p: &serde_json::value::RawValue| serde_json::from_str::<serde_json::Value>(p.get()).ok();
         self.sequence == other.sequence
             && self.key == other.key
             && self.skip == other.skip
-            && crate::ledger::fingerprint::minify_json(self.payload.get())
-                == crate::ledger::fingerprint::minify_json(other.payload.get())
+            && value(&self.payload) == value(&other.payload)
     }
 }
 

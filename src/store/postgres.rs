@@ -74,7 +74,9 @@ impl PgStore {
     pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
         let connect: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
+            // One more than requests may use: the work listener holds one
+            // connection for the life of the process.
+            .max_connections(options.max_connections + 1)
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await?;
