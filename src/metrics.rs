@@ -33,10 +33,18 @@ impl Histogram {
     }
 }
 
+/// What one method and route template answered: counts by status, and times.
+#[derive(Debug, Default)]
+struct RouteStats {
+    statuses: BTreeMap<u16, u64>,
+    duration: Histogram,
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
-    durations: Mutex<BTreeMap<(String, String), Histogram>>,
+    /// By method, then route template: one lock and, once a route has been
+    /// seen, no allocation per request.
+    routes: Mutex<BTreeMap<&'static str, BTreeMap<String, RouteStats>>>,
     claimed: Mutex<BTreeMap<String, u64>>,
     outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
@@ -51,16 +59,25 @@ impl Metrics {
     /// cannot grow the label set without bound.
     pub fn request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
         let method = match method {
-            "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS" | "TRACE" | "CONNECT" => method,
+            "GET" => "GET",
+            "HEAD" => "HEAD",
+            "POST" => "POST",
+            "PUT" => "PUT",
+            "PATCH" => "PATCH",
+            "DELETE" => "DELETE",
+            "OPTIONS" => "OPTIONS",
+            "TRACE" => "TRACE",
+            "CONNECT" => "CONNECT",
             _ => "OTHER",
         };
-        *lock(&self.requests)
-            .entry((method.to_owned(), route.to_owned(), status))
-            .or_default() += 1;
-        lock(&self.durations)
-            .entry((method.to_owned(), route.to_owned()))
-            .or_default()
-            .observe(elapsed.as_secs_f64());
+        let mut routes = lock(&self.routes);
+        let by_route = routes.entry(method).or_default();
+        let stats = match by_route.get_mut(route) {
+            Some(stats) => stats,
+            None => by_route.entry(route.to_owned()).or_default(),
+        };
+        *stats.statuses.entry(status).or_default() += 1;
+        stats.duration.observe(elapsed.as_secs_f64());
     }
 
     /// Children handed out by a claim, by the queue of their parent.
@@ -86,12 +103,20 @@ impl Metrics {
             "counter",
             "HTTP requests answered, by method, route template and status.",
         );
-        for ((method, route, status), n) in lock(&self.requests).iter() {
-            let _ = writeln!(
-                out,
-                "child_ledger_http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {n}",
-                escape(route)
-            );
+        let routes = lock(&self.routes);
+        let each_route = || {
+            routes
+                .iter()
+                .flat_map(|(method, by_route)| by_route.iter().map(move |(route, stats)| (method, route, stats)))
+        };
+        for (method, route, stats) in each_route() {
+            for (status, n) in &stats.statuses {
+                let _ = writeln!(
+                    out,
+                    "child_ledger_http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {n}",
+                    escape(route)
+                );
+            }
         }
 
         family(
@@ -100,7 +125,8 @@ impl Metrics {
             "histogram",
             "Time from request to response, by method and route template.",
         );
-        for ((method, route), h) in lock(&self.durations).iter() {
+        for (method, route, stats) in each_route() {
+            let h = &stats.duration;
             let labels = format!("method=\"{method}\",route=\"{}\"", escape(route));
             let mut cumulative = 0;
             for (bound, n) in BUCKETS.iter().zip(h.buckets) {
@@ -126,6 +152,7 @@ impl Metrics {
                 h.count
             );
         }
+        drop(routes);
 
         family(
             &mut out,
