@@ -390,7 +390,7 @@ async fn burn_down_inprocess(store: &Store, scopes: &[ClaimScope], limit: i64, e
                         lease_seconds: 600,
                         worker: None,
                     };
-                    let claim = store.claim(&request).await.unwrap();
+                    let claim = store.claim(&request).await.unwrap().claim;
                     if claim.children.is_empty() {
                         return;
                     }

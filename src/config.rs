@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// The longest long poll a claim may ask for (`wait_seconds`), by the contract.
+pub const MAX_WAIT_SECONDS: u64 = 20;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "child-ledger",
@@ -96,7 +99,7 @@ pub struct Limits {
     pub max_outcomes_per_request: usize,
     /// Longest a claim's long poll is held, whatever its `wait_seconds` (0-20)
     /// asks: below 20 when a proxy in front cuts idle requests sooner.
-    #[arg(long, env = "LEDGER_MAX_WAIT_SECONDS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20), global = true)]
+    #[arg(long, env = "LEDGER_MAX_WAIT_SECONDS", default_value_t = MAX_WAIT_SECONDS, value_parser = clap::value_parser!(u64).range(0..=MAX_WAIT_SECONDS), global = true)]
     pub max_wait_seconds: u64,
     /// Largest child payload (and retained parent payload), in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024, global = true)]
@@ -117,7 +120,7 @@ impl Default for Limits {
             max_outcomes_per_request: 1000,
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 64 * 1024,
-            max_wait_seconds: 20,
+            max_wait_seconds: MAX_WAIT_SECONDS,
         }
     }
 }

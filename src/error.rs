@@ -7,6 +7,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::ledger::Child;
+use crate::ledger::projection::SEAL_REPORT_LIMIT;
+use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -54,6 +56,9 @@ pub enum ApiError {
     Unavailable(#[source] sqlx::Error),
     #[error("{0} did not finish within the request timeout")]
     TimedOut(String),
+    /// Any other error status from the HTTP layer, kept with its own text.
+    #[error("{detail}")]
+    Http { status: StatusCode, detail: String },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -93,6 +98,7 @@ impl ApiError {
             | Self::OutcomeConflict { .. }
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::TimedOut(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Http { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -118,6 +124,7 @@ impl ApiError {
             Self::RetryConflict { .. } => "retry-conflict",
             Self::Unavailable(_) => "database-unavailable",
             Self::TimedOut(_) => "request-timeout",
+            Self::Http { .. } => "http-error",
             Self::Internal(_) => "internal",
         }
     }
@@ -141,6 +148,7 @@ impl ApiError {
             Self::RetryConflict { .. } => "Child cannot be retried",
             Self::Unavailable(_) => "Database unavailable",
             Self::TimedOut(_) => "Request timed out",
+            Self::Http { status, .. } => status.canonical_reason().unwrap_or("Error"),
             Self::Internal(_) => "Internal error",
         }
     }
@@ -155,8 +163,9 @@ impl ApiError {
                 total - 1,
                 missing.len(),
                 extra.len(),
-                crate::ledger::projection::SEAL_REPORT_LIMIT
+                SEAL_REPORT_LIMIT
             ),
+            Self::Http { detail, .. } if detail.is_empty() => self.title().to_owned(),
             other => other.to_string(),
         };
         let mut problem = Problem {
@@ -228,39 +237,49 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<sqlx::Error> for ApiError {
-    fn from(err: sqlx::Error) -> Self {
-        if is_unavailable(&err) {
-            Self::Unavailable(err)
-        } else {
-            Self::Internal(anyhow::Error::new(err))
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::ParentNotFound(parent_id) => Self::NotFound(format!("no parent {parent_id}")),
+            StoreError::ChildNotFound { parent_id, sequence } => {
+                Self::NotFound(format!("no child {sequence} in parent {parent_id}"))
+            }
+            StoreError::RegistrationConflict(parent_id) => Self::RegistrationConflict(format!(
+                "parent {parent_id} is already registered with different content (queue, payload, settings or children)"
+            )),
+            StoreError::ChildrenConflict { parent_id, sequences } => Self::ChildrenConflict {
+                detail: format!(
+                    "{} sequence(s) already exist in parent {parent_id} with different content; nothing was written",
+                    sequences.len()
+                ),
+                sequences,
+            },
+            StoreError::DuplicateKey(parent_id) => Self::DuplicateKey(format!(
+                "a child key in this request is already used by another sequence of parent {parent_id}"
+            )),
+            StoreError::ParentDecomposed(parent_id) => Self::ParentDecomposed(parent_id.to_string()),
+            StoreError::SealMismatch { total, missing, extra } => Self::SealMismatch { total, missing, extra },
+            StoreError::RetryConflict { child } => Self::RetryConflict { child },
+            StoreError::Unavailable(err) => Self::Unavailable(err),
+            StoreError::Db(err) => Self::Internal(anyhow::Error::new(err)),
         }
     }
 }
 
-/// Whether an error says the database, or the connection to it, is gone (503
-/// with `Retry-After`: try again later) rather than that this request failed.
-fn is_unavailable(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        // What a connection that died under a request reports.
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => true,
-        // Postgres ending the session: class 08 connection exception,
-        // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now,
-        // 53300 too_many_connections. SQLite still busy or locked after the
-        // busy timeout (5 SQLITE_BUSY, 6 SQLITE_LOCKED and every extended code
-        // of theirs): another process held the file too long; retrying is right.
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08")
-                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
-                // SQLite's extended codes keep the primary code in the low byte.
-                || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
-        }),
-        _ => false,
+impl ApiError {
+    /// A key used twice within one request.
+    pub fn duplicate_key_in_request(field: &str, key: &str, first: i64) -> Self {
+        Self::DuplicateKey(format!(
+            "{field}.key: key {key:?} is already used by sequence {first} in this request"
+        ))
+    }
+
+    /// A sequence repeated within one append with different content.
+    pub fn repeated_sequence_differs(field: &str, sequence: i64) -> Self {
+        Self::ChildrenConflict {
+            detail: format!("{field}: sequence {sequence} appears earlier in this request with different content"),
+            sequences: vec![sequence],
+        }
     }
 }
 
@@ -279,12 +298,12 @@ mod tests {
             sqlx::Error::Protocol("unexpected message on a dead connection".to_owned()),
             sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
         ] {
-            let err = ApiError::from(lost);
+            let err = ApiError::from(StoreError::from(lost));
             assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE, "{err:?}");
             assert_eq!(err.kind(), "database-unavailable");
             assert!(err.into_response().headers().contains_key(header::RETRY_AFTER));
         }
-        let err = ApiError::from(sqlx::Error::ColumnNotFound("total".to_owned()));
+        let err = ApiError::from(StoreError::from(sqlx::Error::ColumnNotFound("total".to_owned())));
         assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

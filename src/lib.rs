@@ -7,6 +7,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod jobs;
 pub mod ledger;
 pub mod metrics;
 pub mod store;
@@ -20,6 +21,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId
 use tower_http::trace::TraceLayer;
 
 use config::Limits;
+pub use jobs::{listen_for_work, reap_expired_leases};
 use store::Store;
 
 /// The header that carries a request's id: taken from the caller when sent,
@@ -90,51 +92,4 @@ pub fn app_with_timeout(state: AppState, request_timeout: Duration) -> Router {
         .layer(trace)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
-}
-
-/// Wakes this process's waiting claims when another replica signals work
-/// (Postgres `LISTEN`); reconnects with backoff when the database goes away.
-/// Returns at once on SQLite, where every claim is in this process.
-pub async fn listen_for_work(state: AppState) {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match state.store.listen_for_work().await {
-            Ok(None) => return,
-            Ok(Some(mut listener)) => {
-                delay = Duration::from_millis(250);
-                // A (re)connection may have missed notifications: look again.
-                state.work_signal.notify_waiters();
-                loop {
-                    match listener.recv().await {
-                        Ok(_) => state.work_signal.notify_waiters(),
-                        Err(err) => {
-                            tracing::warn!(error = %err, "work notifications interrupted; reconnecting");
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(err) => tracing::warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "cannot listen for work"),
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// Sweeps expired leases every `interval` until the process ends, waking
-/// long-polling claimers when children became claimable again.
-pub async fn reap_expired_leases(state: AppState, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match state.store.expire_leases(None).await {
-            Ok(0) => {}
-            Ok(moved) => {
-                tracing::info!(moved, "expired leases swept");
-                state.signal_work();
-            }
-            Err(err) => tracing::warn!(error = %err, "lease sweep failed; retrying next tick"),
-        }
-    }
 }

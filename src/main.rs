@@ -6,14 +6,20 @@ use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use child_ledger::config::{Cli, LogFormat};
+use child_ledger::config::{Cli, Command, Config, LogFormat};
 use child_ledger::store::{Store, StoreOptions};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let config = cli.config;
+    match cli.command {
+        None | Some(Command::Serve) => serve(cli.config).await,
+    }
+}
+
+/// Connects, migrates and serves HTTP until SIGTERM.
+async fn serve(config: Config) -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),

@@ -688,14 +688,14 @@ fn bump_by(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-async fn terminal_count(store: &child_ledger::store::Store) -> i64 {
+async fn terminal_count(store: &common::raw::RawDb) -> i64 {
     store
         .count_raw("SELECT count(*) FROM child WHERE state IN ('processed', 'failed')")
         .await
         .unwrap_or(0)
 }
 
-async fn state_counts(store: &child_ledger::store::Store) -> String {
+async fn state_counts(store: &common::raw::RawDb) -> String {
     let mut out = String::new();
     for state in ["pending", "in_flight", "held", "processed", "failed", "skipped"] {
         let n = store

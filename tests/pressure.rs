@@ -139,7 +139,7 @@ async fn concurrent_writers_never_see_a_lock(backend: Backend) {
 }
 
 /// Whether the 100,000-child registration is being written right now.
-async fn registration_in_progress(backend: Backend, db: &TestDatabase, store: &child_ledger::store::Store) -> bool {
+async fn registration_in_progress(backend: Backend, db: &TestDatabase, store: &common::raw::RawDb) -> bool {
     match backend {
         // The write transaction grows the WAL file long before it commits.
         Backend::Sqlite => {

@@ -8,8 +8,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{AppJson, AppQuery, parent_id_param, sequence_param};
+use super::validate::page_limit;
 use crate::AppState;
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiResult, Problem};
 use crate::ledger::{Child, ChildState, ParentId};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -58,13 +59,7 @@ async fn list_children(
     AppQuery(query): AppQuery<ChildrenQuery>,
 ) -> ApiResult<Json<ChildList>> {
     let parent_id = parent_id_param(&parent_id)?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "limit",
-            format!("must be between 1 and 1000, got {limit}"),
-        ));
-    }
+    let limit = page_limit(query.limit)?;
     let page = state
         .store
         .children(&parent_id, query.state, query.after, limit)

@@ -12,8 +12,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::extract::{AppJson, claim_id_param, in_range, max_chars, parent_id_param, queue_param, whole};
+use super::extract::{AppJson, claim_id_param, parent_id_param, queue_param};
+use super::validate::{MAX_WORKER_CHARS, in_range, max_chars};
+use super::whole;
 use crate::AppState;
+use crate::config::{Limits, MAX_WAIT_SECONDS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 use crate::store::ChildRef;
@@ -26,8 +29,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(release_claim))
 }
 
-/// The longest long-poll a claim may ask for.
-const MAX_WAIT_SECONDS: i64 = 20;
 /// Work is announced in this process and, through Postgres `NOTIFY`, by every
 /// replica; in case an announcement is missed (the listener reconnecting), a
 /// waiting claim still looks again this often.
@@ -39,83 +40,83 @@ const WAIT_RECHECK: Duration = Duration::from_secs(2);
 #[schema(example = json!({"limit": 50, "lease_seconds": 60, "worker": "worker-7", "wait_seconds": 5}))]
 pub struct ClaimChildren {
     /// How many children at most, 1-1000 (default 100).
-    #[schema(minimum = 1, maximum = 1000, example = 100)]
+    #[schema(minimum = 1, example = 100)]
     #[serde(default, deserialize_with = "whole::option")]
     limit: Option<i64>,
     /// Lease length, 1-86400 seconds (default 300). Extend the lease before it
     /// runs out if the work takes longer: an expired lease hands the child out again.
-    #[schema(minimum = 1, maximum = 86400, example = 300)]
+    #[schema(minimum = 1, example = 300)]
     #[serde(default, deserialize_with = "whole::option")]
     lease_seconds: Option<i64>,
     /// A label for the worker, shown on the child as `claimed_by`.
-    #[schema(max_length = 200, example = "worker-7")]
+    #[schema(example = "worker-7")]
     worker: Option<String>,
     /// When nothing is claimable, wait up to this long (0-20 s, default 0) and
     /// return as soon as something is.
-    #[schema(minimum = 0, maximum = 20)]
+    #[schema(minimum = 0)]
     #[serde(default, deserialize_with = "whole::option")]
     wait_seconds: Option<i64>,
 }
 
-async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
-    let limits = &state.limits;
-    let limit = in_range(
-        "limit",
-        body.limit.unwrap_or(100.min(limits.max_claim_limit)),
-        1,
-        limits.max_claim_limit,
-    )?;
-    let lease_seconds = in_range(
-        "lease_seconds",
-        body.lease_seconds.unwrap_or(limits.default_lease_seconds),
-        1,
-        limits.max_lease_seconds,
-    )?;
-    let wait_seconds = in_range("wait_seconds", body.wait_seconds.unwrap_or(0), 0, MAX_WAIT_SECONDS)?;
-    if let Some(worker) = &body.worker {
-        max_chars("worker", worker, 200)?;
+impl ClaimChildren {
+    /// The claim this body asks for in `scope`, and how long it may wait for work.
+    fn into_request(self, scope: ClaimScope, limits: &Limits) -> ApiResult<(ClaimRequest, Duration)> {
+        let limit = in_range(
+            "limit",
+            self.limit.unwrap_or(100.min(limits.max_claim_limit)),
+            1,
+            limits.max_claim_limit,
+        )?;
+        let lease_seconds = in_range(
+            "lease_seconds",
+            self.lease_seconds.unwrap_or(limits.default_lease_seconds),
+            1,
+            limits.max_lease_seconds,
+        )?;
+        let wait_seconds = in_range(
+            "wait_seconds",
+            self.wait_seconds.unwrap_or(0),
+            0,
+            MAX_WAIT_SECONDS as i64,
+        )?;
+        if let Some(worker) = &self.worker {
+            max_chars("worker", worker, MAX_WORKER_CHARS)?;
+        }
+        let request = ClaimRequest {
+            scope,
+            claim_id: Uuid::new_v4(),
+            limit,
+            lease_seconds,
+            worker: self.worker,
+        };
+        // An operator may hold long polls shorter (a proxy's idle timeout, say):
+        // the claim then answers empty sooner, which "wait up to" allows.
+        let held = (wait_seconds as u64).min(limits.max_wait_seconds);
+        Ok((request, Duration::from_secs(held)))
     }
-    let request = ClaimRequest {
-        scope,
-        claim_id: Uuid::new_v4(),
-        limit,
-        lease_seconds,
-        worker: body.worker,
-    };
-    // An operator may hold long polls shorter (a proxy's idle timeout, say):
-    // the claim then answers empty sooner, which "wait up to" allows.
-    let held = wait_seconds.min(limits.max_wait_seconds as i64);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(held as u64);
+}
+
+/// Claims now, or as soon as work turns up within `wait`.
+async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
+    let (request, wait) = body.into_request(scope, &state.limits)?;
+    let deadline = tokio::time::Instant::now() + wait;
     let mut shutdown = state.shutdown.subscribe();
     loop {
         // Subscribe before looking, so work added in between still wakes us.
         let woken = state.work_signal.notified();
-        let claim = state.store.claim(&request).await?;
+        let claimed = state.store.claim(&request).await?;
         let now = tokio::time::Instant::now();
         // Shutting down, a waiting claim answers (empty) at once: it holds no
         // lease yet, so nothing is orphaned.
-        if !claim.children.is_empty() || now >= deadline || state.is_shutting_down() {
-            count_claimed(&state, &request.scope, claim.children.len()).await;
-            return Ok(Json(claim));
+        if !claimed.claim.children.is_empty() || now >= deadline || state.is_shutting_down() {
+            if let Some(queue) = &claimed.queue {
+                state.metrics.claimed(queue.as_str(), claimed.claim.children.len());
+            }
+            return Ok(Json(claimed.claim));
         }
         tokio::select! {
             _ = tokio::time::timeout((deadline - now).min(WAIT_RECHECK), woken) => {}
             _ = shutdown.wait_for(|stopping| *stopping) => {}
-        }
-    }
-}
-
-/// Counts claimed children under their parent's queue; a metric never fails a claim.
-async fn count_claimed(state: &AppState, scope: &ClaimScope, children: usize) {
-    if children == 0 {
-        return;
-    }
-    match scope {
-        ClaimScope::Queue(queue) => state.metrics.claimed(queue.as_str(), children),
-        ClaimScope::Parent(parent) => {
-            if let Ok(queue) = state.store.queue_of(parent).await {
-                state.metrics.claimed(queue.as_str(), children);
-            }
         }
     }
 }
@@ -178,7 +179,7 @@ async fn claim_from_queue(
 #[schema(example = json!({"lease_seconds": 60}))]
 pub struct ExtendClaim {
     /// New lease length from now, 1-86400 seconds (default 300).
-    #[schema(minimum = 1, maximum = 86400, example = 300)]
+    #[schema(minimum = 1, example = 300)]
     #[serde(default, deserialize_with = "whole::option")]
     lease_seconds: Option<i64>,
 }
@@ -244,10 +245,10 @@ pub struct ReleaseChild {
 #[schema(example = json!({"children": [{"parent_id": "P-42", "sequence": 2}], "delay_seconds": 0}))]
 pub struct ReleaseClaim {
     /// The children to give back (1-1000); omit to release everything this claim holds.
-    #[schema(min_items = 1, max_items = 1000)]
+    #[schema(min_items = 1)]
     children: Option<Vec<ReleaseChild>>,
     /// Keep the released children unclaimable this long (0-86400 s, default 0).
-    #[schema(minimum = 0, maximum = 86400)]
+    #[schema(minimum = 0)]
     #[serde(default, deserialize_with = "whole::option")]
     delay_seconds: Option<i64>,
 }

@@ -1,7 +1,5 @@
 //! Terminal outcomes, single and batched: first writer wins, one-way.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
@@ -11,8 +9,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::extract::{AppJson, json_bytes, max_bytes, max_chars, parent_id_param, sequence_param, whole};
-use super::parents::MAX_REASON_CHARS;
+use super::extract::{AppJson, parent_id_param, sequence_param};
+use super::validate::{MAX_REASON_CHARS, json_bytes, max_bytes, max_chars};
+use super::whole;
 use crate::AppState;
 use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
@@ -32,7 +31,6 @@ pub fn router() -> OpenApiRouter<AppState> {
 pub struct RecordOutcome {
     outcome: Outcome,
     /// Expected for `failed` and `skipped`; at most 1000 characters.
-    #[schema(max_length = 1000)]
     reason: Option<String>,
     /// Any JSON the worker wants kept with the outcome (e.g. a remote id).
     result: Option<Value>,
@@ -99,7 +97,7 @@ async fn record_outcome(
         claim_id: body.claim_id,
     };
     let write = checked(&state.limits, "", write)?;
-    let status = record_in_rounds(&state, std::slice::from_ref(&write)).await?[0];
+    let status = record_and_count(&state, std::slice::from_ref(&write)).await?[0];
     let applied = match status {
         OutcomeStatus::Applied => true,
         OutcomeStatus::Duplicate => false,
@@ -127,7 +125,6 @@ pub struct BatchOutcome {
     #[serde(deserialize_with = "whole::required")]
     sequence: i64,
     outcome: Outcome,
-    #[schema(max_length = 1000)]
     reason: Option<String>,
     result: Option<Value>,
     claim_id: Option<Uuid>,
@@ -143,7 +140,7 @@ pub struct BatchOutcome {
 pub struct RecordOutcomes {
     /// 1-1000 outcomes (configurable). A child named twice is recorded once: the
     /// later item is answered `duplicate` or `conflict`, as if sent afterwards.
-    #[schema(min_items = 1, max_items = 1000)]
+    #[schema(min_items = 1)]
     outcomes: Vec<BatchOutcome>,
 }
 
@@ -163,33 +160,7 @@ pub struct BatchResults {
     pub results: Vec<BatchResult>,
 }
 
-/// Records a batch in request order. A child named again later in the same
-/// batch is a retry of the earlier item: it goes in a later round, where it can
-/// only be a `duplicate` or a logged `conflict`, exactly as if sent afterwards.
-async fn record_in_rounds(state: &AppState, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
-    let mut seen: HashMap<(&str, i64), usize> = HashMap::with_capacity(writes.len());
-    let mut rounds: Vec<Vec<usize>> = vec![Vec::new()];
-    for (i, w) in writes.iter().enumerate() {
-        let times = seen.entry((w.parent_id.as_str(), w.sequence)).or_insert(0);
-        if *times == rounds.len() {
-            rounds.push(Vec::new());
-        }
-        rounds[*times].push(i);
-        *times += 1;
-    }
-    if rounds.len() == 1 {
-        return record_and_count(state, writes).await;
-    }
-    let mut statuses = vec![OutcomeStatus::NotFound; writes.len()];
-    for round in rounds {
-        let batch: Vec<OutcomeWrite> = round.iter().map(|&i| writes[i].clone()).collect();
-        for (i, status) in round.into_iter().zip(record_and_count(state, &batch).await?) {
-            statuses[i] = status;
-        }
-    }
-    Ok(statuses)
-}
-
+/// Records outcomes and counts them in the metrics.
 async fn record_and_count(state: &AppState, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
     let statuses = state.store.record_outcomes(writes).await?;
     for (write, status) in writes.iter().zip(&statuses) {
@@ -242,7 +213,7 @@ async fn record_outcomes(
         };
         writes.push(checked(&state.limits, &format!("outcomes[{i}]."), write)?);
     }
-    let statuses = record_in_rounds(&state, &writes).await?;
+    let statuses = record_and_count(&state, &writes).await?;
     let results = writes
         .into_iter()
         .zip(statuses)

@@ -12,12 +12,13 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{
-    AppJson, AppQuery, in_range, json_bytes, max_bytes, max_chars, parent_id_param, storable_json, whole,
-};
+use super::extract::{AppJson, AppQuery, parent_id_param};
+use super::validate::{ChildChecker, child_count, in_range, json_bytes, max_bytes, null_payload, page_limit};
+use super::whole;
 use crate::AppState;
+use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::fingerprint::{RegistrationContent, fingerprint, minify_json};
+use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
 use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentId, ParentState, QueueName, Registration};
 use crate::store::ParentFilter;
 
@@ -28,11 +29,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(append_children))
         .routes(routes!(seal_parent))
 }
-
-/// The longest key a child may have.
-pub const MAX_KEY_CHARS: usize = 200;
-/// The longest reason (skip, failure) in characters.
-pub const MAX_REASON_CHARS: usize = 1000;
 
 /// A parent registration: the full child list, written before anything is dispatched.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -71,11 +67,11 @@ pub struct ChildSpec {
     #[schema(value_type = Option<Value>)]
     payload: Option<Box<RawValue>>,
     /// Optional client identity (e.g. an event id), unique within the parent.
-    #[schema(min_length = 1, max_length = 200)]
+    #[schema(min_length = 1)]
     key: Option<String>,
     /// Store the child as `skipped` with this reason: invalid input is recorded
     /// and counted, never dropped.
-    #[schema(min_length = 1, max_length = 1000)]
+    #[schema(min_length = 1)]
     skip: Option<String>,
 }
 
@@ -88,9 +84,9 @@ pub struct AppendChild {
     sequence: i64,
     #[schema(value_type = Option<Value>)]
     payload: Option<Box<RawValue>>,
-    #[schema(min_length = 1, max_length = 200)]
+    #[schema(min_length = 1)]
     key: Option<String>,
-    #[schema(min_length = 1, max_length = 1000)]
+    #[schema(min_length = 1)]
     skip: Option<String>,
 }
 
@@ -111,83 +107,45 @@ pub struct SealParent {
     total: i64,
 }
 
-/// Checks one child's key and skip reason and turns it into a ledger row.
-/// Validates children one at a time: keys unique within the request, reasons
-/// and payloads within their limits.
-struct ChildChecker {
-    keys: HashMap<String, i64>,
-    max_payload_bytes: usize,
-}
-
-impl ChildChecker {
-    fn new(max_payload_bytes: usize) -> Self {
-        Self {
-            keys: HashMap::new(),
-            max_payload_bytes,
+impl RegisterParent {
+    /// The checked registration of `parent_id`, with its fingerprint.
+    fn into_registration(self, parent_id: ParentId, limits: &Limits) -> ApiResult<Registration> {
+        child_count("children", self.children.len(), limits.max_children_per_request)?;
+        if let Some(max) = self.max_attempts {
+            in_range("max_attempts", max, 1, i32::MAX)?;
         }
-    }
-
-    fn check(
-        &mut self,
-        field: &str,
-        sequence: i64,
-        payload: Option<Box<RawValue>>,
-        key: Option<String>,
-        skip: Option<String>,
-    ) -> ApiResult<NewChild> {
-        if let Some(key) = &key {
-            if key.is_empty() {
-                return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
-            }
-            max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
-            if let Some(first) = self.keys.insert(key.clone(), sequence) {
-                return Err(ApiError::DuplicateKey(format!(
-                    "{field}.key: key {key:?} is already used by sequence {first} in this request"
-                )));
-            }
+        if let Some(payload) = &self.payload {
+            max_bytes("payload", json_bytes(payload), limits.max_payload_bytes)?;
         }
-        if let Some(skip) = &skip {
-            if skip.is_empty() {
-                return Err(ApiError::invalid(format!("{field}.skip"), "must be a non-empty reason"));
-            }
-            max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
-        }
-        let payload = match payload {
-            Some(payload) => {
-                let field = format!("{field}.payload");
-                // Measured compact, as the parent payload is; minifying is only
-                // needed when the text as sent is over the limit.
-                let mut len = payload.get().len();
-                if len > self.max_payload_bytes {
-                    len = minify_json(payload.get()).len();
-                }
-                max_bytes(&field, len, self.max_payload_bytes)?;
-                storable_json(&field, payload.get())?;
-                payload
-            }
-            None => null_payload(),
-        };
-        Ok(NewChild {
-            sequence,
-            key,
-            payload,
-            skip,
+        let mut checker = ChildChecker::new(limits.max_payload_bytes);
+        let children = self
+            .children
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
+            .collect::<ApiResult<Vec<_>>>()?;
+        let queue = self.queue.unwrap_or_default();
+        let decomposed = self.decomposed.unwrap_or(true);
+        let expired_lease = self.expired_lease.unwrap_or_default();
+        let fingerprint = fingerprint(&RegistrationContent {
+            queue: queue.as_str(),
+            payload: self.payload.as_ref(),
+            decomposed,
+            max_attempts: self.max_attempts,
+            expired_lease,
+            children: &children,
+        });
+        Ok(Registration {
+            parent_id,
+            queue,
+            payload: self.payload,
+            decomposed,
+            max_attempts: self.max_attempts,
+            expired_lease,
+            children,
+            fingerprint,
         })
     }
-}
-
-fn null_payload() -> Box<RawValue> {
-    serde_json::value::to_raw_value(&Value::Null).expect("null is JSON")
-}
-
-fn check_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
-    if count > max {
-        return Err(ApiError::invalid(
-            field,
-            format!("{count} children in one request; at most {max} (use append + seal beyond that)"),
-        ));
-    }
-    Ok(())
 }
 
 /// Register a parent with its full child list.
@@ -212,42 +170,7 @@ async fn register_parent(
     Path(parent_id): Path<String>,
     AppJson(body): AppJson<RegisterParent>,
 ) -> ApiResult<impl IntoResponse> {
-    let parent_id = parent_id_param(&parent_id)?;
-    check_count("children", body.children.len(), state.limits.max_children_per_request)?;
-    if let Some(max) = body.max_attempts {
-        in_range("max_attempts", max, 1, i32::MAX)?;
-    }
-    if let Some(payload) = &body.payload {
-        max_bytes("payload", json_bytes(payload), state.limits.max_payload_bytes)?;
-    }
-    let mut checker = ChildChecker::new(state.limits.max_payload_bytes);
-    let children = body
-        .children
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
-        .collect::<ApiResult<Vec<_>>>()?;
-    let queue = body.queue.unwrap_or_default();
-    let decomposed = body.decomposed.unwrap_or(true);
-    let expired_lease = body.expired_lease.unwrap_or_default();
-    let fingerprint = fingerprint(&RegistrationContent {
-        queue: queue.as_str(),
-        payload: body.payload.as_ref(),
-        decomposed,
-        max_attempts: body.max_attempts,
-        expired_lease,
-        children: &children,
-    });
-    let registration = Registration {
-        parent_id,
-        queue,
-        payload: body.payload,
-        decomposed,
-        max_attempts: body.max_attempts,
-        expired_lease,
-        children,
-        fingerprint,
-    };
+    let registration = body.into_registration(parent_id_param(&parent_id)?, &state.limits)?;
     let (created, parent) = state.store.register(&registration).await?;
     if created {
         state.signal_work();
@@ -336,13 +259,7 @@ async fn list_parents(
     State(state): State<AppState>,
     AppQuery(query): AppQuery<ListQuery>,
 ) -> ApiResult<Json<ParentList>> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "limit",
-            format!("must be between 1 and 1000, got {limit}"),
-        ));
-    }
+    let limit = page_limit(query.limit)?;
     let after_position = query
         .cursor
         .as_deref()
@@ -393,7 +310,7 @@ async fn append_children(
     AppJson(body): AppJson<AppendChildren>,
 ) -> ApiResult<Json<Appended>> {
     let parent_id = parent_id_param(&parent_id)?;
-    check_count("children", body.children.len(), state.limits.max_children_per_request)?;
+    child_count("children", body.children.len(), state.limits.max_children_per_request)?;
     if body.children.is_empty() {
         return Err(ApiError::invalid("children", "must hold at least one child"));
     }
@@ -417,13 +334,7 @@ async fn append_children(
             if repeat.same_content(&children[first]) {
                 continue;
             }
-            return Err(ApiError::ChildrenConflict {
-                detail: format!(
-                    "{field}: sequence {} appears earlier in this request with different content",
-                    c.sequence
-                ),
-                sequences: vec![c.sequence],
-            });
+            return Err(ApiError::repeated_sequence_differs(&field, c.sequence));
         }
         sequences.insert(c.sequence, children.len());
         children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip)?);

@@ -3,6 +3,7 @@
 pub mod fingerprint;
 pub mod ids;
 pub mod model;
+pub mod outcome;
 pub mod projection;
 pub mod state;
 

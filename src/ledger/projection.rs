@@ -172,13 +172,6 @@ pub fn missing_sequences(total: i64, first: Option<i64>, gaps: &[(i64, Option<i6
     missing
 }
 
-/// Whether a bulk write is big enough, relative to the table, that the
-/// planner's statistics are stale and should be refreshed before claims run.
-pub fn needs_fresh_statistics(rows_written: i64, rows_estimated: i64) -> bool {
-    const MIN_ROWS: i64 = 10_000;
-    rows_written >= MIN_ROWS && rows_written * 10 >= rows_estimated.max(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,13 +278,5 @@ mod tests {
         // complete run: nothing missing
         assert!(missing_sequences(4, Some(0), &[(3, None)]).is_empty());
         assert_eq!(missing_sequences(1_000_000, None, &[]).len(), SEAL_REPORT_LIMIT);
-    }
-
-    #[test]
-    fn statistics_refresh_only_for_big_relative_writes() {
-        assert!(!needs_fresh_statistics(9_999, 0));
-        assert!(needs_fresh_statistics(100_000, 0));
-        assert!(needs_fresh_statistics(100_000, 1_000_000));
-        assert!(!needs_fresh_statistics(100_000, 10_000_000));
     }
 }

@@ -1,35 +1,42 @@
 //! The ledger's storage: Postgres for shared production ledgers, SQLite as the
-//! embedded default. The backend is chosen once, from the database URL; all
-//! SQL lives in `postgres.rs` and `sqlite.rs`.
+//! embedded default, chosen once from the database URL.
+//!
+//! `Store` is the one face of both. Each resource has a file here holding what
+//! both backends share (claim floors, the seal and reconcile decisions, how a
+//! batch's losers are told why, the completion hook) and a file per backend
+//! under `postgres/` and `sqlite/` holding its statements. SQL that both
+//! dialects write the same, and the rules SQL must mirror, are in `sql.rs`.
+//! The store answers in its own types and `StoreError`; it never speaks HTTP.
 
+mod claims;
+mod error;
 mod floors;
+mod outcomes;
+mod parents;
 mod postgres;
+mod reconcile;
+mod rows;
+mod sql;
 mod sqlite;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
-use crate::error::ApiResult;
-use crate::ledger::{
-    Appended, Child, ChildState, Claim, ClaimRequest, ClaimScope, NewChild, OutcomeStatus, OutcomeWrite, Parent,
-    ParentId, QueueName, ReconcileReport, Registration, SweepReport,
-};
+use crate::ledger::{Child, ParentId, QueueName};
 
-pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
+pub use claims::Claimed;
+pub(crate) use error::retry_transient;
+pub use error::{StoreError, StoreResult};
+use postgres::PgStore;
+use sqlite::SqliteStore;
 
-/// How many expired leases one sweep statement moves at most.
-const EXPIRE_BATCH: i64 = 5_000;
 /// How many children one bulk statement writes or compares: a 100,000-child
 /// registration is a few statements in one transaction, so neither the bound
 /// arguments nor SQLite's JSON parse of them ever holds the whole request twice.
 pub(crate) const WRITE_CHUNK: usize = 10_000;
-/// How many parents the reconcile sweep reads per page.
-const SWEEP_PAGE: i64 = 500;
 
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -54,9 +61,9 @@ pub struct Store {
     db: Db,
     floors: Arc<floors::ClaimFloors>,
     /// Children whose expired lease this process swept, for the metrics.
-    expired_total: Arc<std::sync::atomic::AtomicU64>,
-    /// A parent's queue never changes: remembered for claim metrics.
-    queues: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, QueueName>>>,
+    expired_total: Arc<AtomicU64>,
+    /// Parents this process completed, for the metrics.
+    completed_total: Arc<AtomicU64>,
 }
 
 /// One connection pool's occupancy, for the metrics gauges.
@@ -68,14 +75,50 @@ pub struct PoolStats {
     pub max: u32,
 }
 
-/// How many parents' queues `Store::queue_of` remembers before starting over.
-const QUEUE_CACHE: usize = 10_000;
-
 #[derive(Debug, Clone)]
 enum Db {
     Postgres(PgStore),
     Sqlite(SqliteStore),
 }
+
+/// A write transaction on either backend, for the steps `Store` sequences itself.
+enum Tx {
+    Postgres(postgres::PgTx),
+    Sqlite(sqlite::SqliteTx),
+}
+
+impl Tx {
+    async fn commit(self) -> StoreResult<()> {
+        match self {
+            Self::Postgres(tx) => tx.commit().await?,
+            Self::Sqlite(tx) => tx.commit().await?,
+        }
+        Ok(())
+    }
+}
+
+/// Calls the same method on whichever backend this store has.
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match &$self.db {
+            Db::Postgres($store) => $call,
+            Db::Sqlite($store) => $call,
+        }
+    };
+}
+use dispatch;
+
+/// Runs one step of a transaction: `in_tx!(tx, parents::tally(&parent_id))`
+/// calls `postgres::parents::tally` or `sqlite::parents::tally` on it.
+macro_rules! in_tx {
+    ($tx:expr, $module:ident :: $step:ident ( $($arg:expr),* $(,)? )) => {
+        match $tx {
+            Tx::Postgres(tx) => $crate::store::postgres::$module::$step(tx, $($arg),*).await,
+            Tx::Sqlite(tx) => $crate::store::sqlite::$module::$step(tx, $($arg),*).await,
+        }
+    };
+}
+use in_tx;
 
 /// Filters of the parent list.
 #[derive(Debug, Clone, Default)]
@@ -92,7 +135,7 @@ pub struct ParentFilter {
 /// One page of parents; `next_position` is set when more may follow.
 #[derive(Debug, Clone)]
 pub struct ParentPage {
-    pub parents: Vec<Parent>,
+    pub parents: Vec<crate::ledger::Parent>,
     pub next_position: Option<i64>,
 }
 
@@ -110,13 +153,15 @@ pub struct ChildRef {
     pub sequence: i64,
 }
 
-macro_rules! dispatch {
-    ($self:ident, $store:ident => $call:expr) => {
-        match &$self.db {
-            Db::Postgres($store) => $call,
-            Db::Sqlite($store) => $call,
-        }
-    };
+/// Notifications that another replica made work claimable (Postgres `LISTEN`).
+pub struct WorkListener(sqlx::postgres::PgListener);
+
+impl WorkListener {
+    /// Waits for the next notification.
+    pub async fn recv(&mut self) -> StoreResult<()> {
+        self.0.recv().await?;
+        Ok(())
+    }
 }
 
 impl Store {
@@ -126,73 +171,19 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Self::new(Db::Postgres(
-                PgStore::connect(url, options).await.context("connecting to Postgres")?,
-            )))
+        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Db::Postgres(PgStore::connect(url, options).await.context("connecting to Postgres")?)
         } else if url.starts_with("sqlite:") {
-            Ok(Self::new(Db::Sqlite(
-                SqliteStore::connect(url, options).await.context("opening SQLite")?,
-            )))
+            Db::Sqlite(SqliteStore::connect(url, options).await.context("opening SQLite")?)
         } else {
             anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…")
-        }
-    }
-
-    fn new(db: Db) -> Self {
-        Self {
+        };
+        Ok(Self {
             db,
             floors: Arc::default(),
             expired_total: Arc::default(),
-            queues: Arc::default(),
-        }
-    }
-
-    /// Children whose expired lease this process has swept since it started.
-    pub fn leases_expired_total(&self) -> u64 {
-        self.expired_total.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Each pool's size, idle connections and maximum.
-    pub fn pool_stats(&self) -> Vec<PoolStats> {
-        dispatch!(self, s => s.pool_stats())
-    }
-
-    /// The queue of a parent (cached: it never changes once registered).
-    pub async fn queue_of(&self, parent_id: &ParentId) -> ApiResult<QueueName> {
-        let cached = self
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(parent_id)
-            .cloned();
-        if let Some(queue) = cached {
-            return Ok(queue);
-        }
-        let queue = dispatch!(self, s => s.queue_of(parent_id).await)?;
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        if queues.len() >= QUEUE_CACHE {
-            queues.clear();
-        }
-        queues.insert(parent_id.clone(), queue.clone());
-        Ok(queue)
-    }
-
-    /// Tells every replica's waiting claims that work may have become
-    /// claimable (Postgres `NOTIFY`; nothing to do for the one SQLite process).
-    pub async fn notify_work(&self) -> ApiResult<()> {
-        match &self.db {
-            Db::Postgres(s) => s.notify_work().await,
-            Db::Sqlite(_) => Ok(()),
-        }
-    }
-
-    /// A stream of other replicas' work notifications (Postgres only).
-    pub async fn listen_for_work(&self) -> ApiResult<Option<sqlx::postgres::PgListener>> {
-        match &self.db {
-            Db::Postgres(s) => s.listen_for_work().await.map(Some),
-            Db::Sqlite(_) => Ok(None),
-        }
+            completed_total: Arc::default(),
+        })
     }
 
     pub fn backend(&self) -> &'static str {
@@ -208,240 +199,60 @@ impl Store {
     }
 
     /// Whether the database answers.
-    pub async fn ping(&self) -> ApiResult<()> {
+    pub async fn ping(&self) -> StoreResult<()> {
         dispatch!(self, s => s.ping().await)
     }
 
-    /// Registers a parent with its children in one transaction. Returns whether
-    /// this call created it (`false`: an identical registration already existed).
-    pub async fn register(&self, registration: &Registration) -> ApiResult<(bool, Parent)> {
-        dispatch!(self, s => s.register(registration).await)
+    /// Each pool's size, idle connections and maximum.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        dispatch!(self, s => s.pool_stats())
     }
 
-    pub async fn append(&self, parent_id: &ParentId, children: &[NewChild]) -> ApiResult<Appended> {
-        dispatch!(self, s => s.append(parent_id, children).await)
+    /// Children whose expired lease this process has swept since it started.
+    pub fn leases_expired_total(&self) -> u64 {
+        self.expired_total.load(Ordering::Relaxed)
     }
 
-    pub async fn seal(&self, parent_id: &ParentId, total: i64) -> ApiResult<Parent> {
-        let parent = dispatch!(self, s => s.seal(parent_id, total).await)?;
-        self.floors.forget(parent_id);
-        Ok(parent)
+    /// Parents this process has completed since it started.
+    pub fn parents_completed_total(&self) -> u64 {
+        self.completed_total.load(Ordering::Relaxed)
     }
 
-    pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> ApiResult<Parent> {
-        dispatch!(self, s => s.parent(parent_id, include_payload).await)
+    /// Tells every replica's waiting claims that work may have become
+    /// claimable (Postgres `NOTIFY`; nothing to do for the one SQLite process).
+    pub async fn notify_work(&self) -> StoreResult<()> {
+        match &self.db {
+            Db::Postgres(s) => s.notify_work().await,
+            Db::Sqlite(_) => Ok(()),
+        }
     }
 
-    pub async fn list_parents(&self, filter: &ParentFilter) -> ApiResult<ParentPage> {
-        // One row past the page says whether another page follows.
-        let mut rows = dispatch!(self, s => s.list_parents(filter, filter.limit + 1).await)?;
-        let more = rows.len() as i64 > filter.limit;
-        rows.truncate(filter.limit as usize);
-        let next_position = rows.last().map(|(position, _)| *position).filter(|_| more);
-        Ok(ParentPage {
-            parents: rows.into_iter().map(|(_, parent)| parent).collect(),
-            next_position,
+    /// Other replicas' work notifications (Postgres only; `None` on SQLite,
+    /// where every claim is in this process).
+    pub async fn listen_for_work(&self) -> StoreResult<Option<WorkListener>> {
+        match &self.db {
+            Db::Postgres(s) => Ok(Some(WorkListener(s.listen_for_work().await?))),
+            Db::Sqlite(_) => Ok(None),
+        }
+    }
+
+    async fn begin(&self) -> StoreResult<Tx> {
+        Ok(match &self.db {
+            Db::Postgres(s) => Tx::Postgres(s.begin().await?),
+            Db::Sqlite(s) => Tx::Sqlite(s.begin().await?),
         })
     }
 
-    pub async fn children(
-        &self,
-        parent_id: &ParentId,
-        state: Option<ChildState>,
-        after: Option<i64>,
-        limit: i64,
-    ) -> ApiResult<ChildPage> {
-        let mut children = dispatch!(self, s => s.children(parent_id, state, after, limit + 1).await)?;
-        if children.is_empty() {
-            dispatch!(self, s => s.parent_exists(parent_id).await)?;
+    /// The one place that learns a parent just completed: every statement
+    /// that can complete a parent returns the parents it completed, and
+    /// `Store` hands them here once they are committed.
+    fn completed(&self, parents: &[ParentId]) {
+        if parents.is_empty() {
+            return;
         }
-        let more = children.len() as i64 > limit;
-        children.truncate(limit as usize);
-        let next_after = children.last().map(|c| c.sequence).filter(|_| more);
-        Ok(ChildPage { children, next_after })
-    }
-
-    pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> ApiResult<Child> {
-        dispatch!(self, s => s.child(parent_id, sequence).await)
-    }
-
-    /// Claims up to `limit` claimable children under one lease. A parent's
-    /// claim starts at its floor (see `floors`) and scans from 0 when that
-    /// comes back short. When still short, expired leases in the same scope are
-    /// swept and the claim is topped up, so abandoned work comes back without
-    /// waiting for the reaper.
-    pub async fn claim(&self, request: &ClaimRequest) -> ApiResult<Claim> {
-        let parent = match &request.scope {
-            ClaimScope::Parent(parent_id) => Some(parent_id),
-            ClaimScope::Queue(_) => None,
-        };
-        let floor = parent.map_or(0, |p| self.floors.floor(p));
-        let mut claim = dispatch!(self, s => s.claim(request, request.limit, floor).await)?;
-        if floor > 0 {
-            self.top_up(request, &mut claim, 0).await?;
-        }
-        if (claim.children.len() as i64) < request.limit && self.expire_leases(Some(&request.scope)).await? > 0 {
-            self.top_up(request, &mut claim, 0).await?;
-        }
-        if let (Some(parent_id), Some(lowest)) = (parent, claim.children.iter().map(|c| c.sequence).min()) {
-            self.floors.claimed(parent_id, lowest);
-        }
-        // RETURNING has no order: hand children out lowest sequence first.
-        claim
-            .children
-            .sort_by(|a, b| (&a.parent_id, a.sequence).cmp(&(&b.parent_id, b.sequence)));
-        Ok(claim)
-    }
-
-    /// Claims what `claim` is short of, scanning from `floor`.
-    async fn top_up(&self, request: &ClaimRequest, claim: &mut Claim, floor: i64) -> ApiResult<()> {
-        let short = request.limit - claim.children.len() as i64;
-        if short > 0 {
-            let more = dispatch!(self, s => s.claim(request, short, floor).await)?;
-            claim.lease_expires_at = claim.lease_expires_at.or(more.lease_expires_at);
-            claim.children.extend(more.children);
-        }
-        Ok(())
-    }
-
-    /// Extends every live lease of a claim. Returns how many and the new expiry.
-    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> ApiResult<(u64, Option<DateTime<Utc>>)> {
-        dispatch!(self, s => s.extend(claim_id, lease_seconds).await)
-    }
-
-    /// Returns a claim's children (all, or the named ones) to `pending`.
-    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> ApiResult<u64> {
-        let released = dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)?;
-        match children {
-            Some(children) => children.iter().for_each(|c| self.floors.forget(&c.parent_id)),
-            None => self.floors.forget_all(),
-        }
-        Ok(released)
-    }
-
-    /// Returns a `held` child to `pending`.
-    pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> ApiResult<Child> {
-        let child = dispatch!(self, s => s.retry(parent_id, sequence).await)?;
-        self.floors.forget(parent_id);
-        Ok(child)
-    }
-
-    /// Records terminal outcomes in one transaction, first writer wins; the
-    /// statuses come back in request order.
-    pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
-        dispatch!(self, s => s.record_outcomes(writes).await)
-    }
-
-    pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> ApiResult<ReconcileReport> {
-        dispatch!(self, s => s.reconcile(parent_id, dry_run).await)
-    }
-
-    /// Reconciles every parent (or one queue's), a page at a time.
-    pub async fn reconcile_sweep(&self, queue: Option<&QueueName>, dry_run: bool) -> ApiResult<SweepReport> {
-        let mut report = SweepReport {
-            dry_run,
-            checked: 0,
-            drifted: 0,
-            repaired: 0,
-            parents: Vec::new(),
-        };
-        let mut after = 0;
-        loop {
-            let (ids, last) = dispatch!(self, s => s.drift_candidates(queue, after, SWEEP_PAGE).await)?;
-            report.checked += ids.checked;
-            for parent_id in ids.drifted {
-                // Re-derived under the parent's lock: a concurrent outcome may have
-                // closed the gap since the page was read.
-                let one = self.reconcile(&parent_id, dry_run).await?;
-                if one.changes.is_empty() {
-                    continue;
-                }
-                report.drifted += 1;
-                report.repaired += u64::from(one.applied);
-                report.parents.push(one);
-            }
-            match last {
-                Some(position) => after = position,
-                None => break,
-            }
-        }
-        Ok(report)
-    }
-
-    /// Moves children whose lease ran out to `pending`, `held` (hold policy) or
-    /// `failed` (attempts exhausted), in `scope` or everywhere. Returns how many.
-    pub async fn expire_leases(&self, scope: Option<&ClaimScope>) -> ApiResult<u64> {
-        let mut moved = 0;
-        loop {
-            let batch = dispatch!(self, s => s.expire_leases(scope, EXPIRE_BATCH).await)?;
-            moved += batch;
-            if batch < EXPIRE_BATCH as u64 {
-                if moved > 0 {
-                    self.floors.forget_all();
-                    self.expired_total
-                        .fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
-                }
-                return Ok(moved);
-            }
+        self.completed_total.fetch_add(parents.len() as u64, Ordering::Relaxed);
+        for parent_id in parents {
+            tracing::debug!(%parent_id, "parent complete");
         }
     }
-
-    /// Runs raw SQL, as an operator repairing by hand would (tests use it to
-    /// make the projection drift).
-    pub async fn execute_raw(&self, sql: &str) -> anyhow::Result<()> {
-        dispatch!(self, s => s.execute_raw(sql).await)
-    }
-
-    /// Runs a raw scalar count query.
-    pub async fn count_raw(&self, sql: &str) -> anyhow::Result<i64> {
-        dispatch!(self, s => s.count_raw(sql).await)
-    }
-}
-
-/// A page of the drift scan: how many parents were compared, the ids whose
-/// stored projection disagrees with their rows.
-#[derive(Debug, Default)]
-pub(crate) struct DriftPage {
-    pub checked: u64,
-    pub drifted: Vec<ParentId>,
-}
-
-/// One parent of the drift scan: `(parent_id, position, total, processed,
-/// failed, skipped, completed, decomposed, rows_total, rows_processed,
-/// rows_failed, rows_skipped)`, the stored projection beside the row counts.
-pub(crate) type DriftRow = (String, i64, i64, i64, i64, i64, bool, bool, i64, i64, i64, i64);
-
-/// The drifted parents of one scanned page, and where the next page starts
-/// (`None` after the last page).
-pub(crate) fn drift_page(rows: Vec<DriftRow>, page: i64) -> (DriftPage, Option<i64>) {
-    let full = rows.len() as i64 == page;
-    let mut result = DriftPage {
-        checked: rows.len() as u64,
-        drifted: Vec::new(),
-    };
-    let mut last = None;
-    for (parent_id, position, total, processed, failed, skipped, completed, decomposed, rt, rp, rf, rs) in rows {
-        last = Some(position);
-        let stored = crate::ledger::projection::Tally {
-            total,
-            processed,
-            failed,
-            skipped,
-        };
-        let derived = crate::ledger::projection::Tally {
-            total: rt,
-            processed: rp,
-            failed: rf,
-            skipped: rs,
-        };
-        if stored != derived || completed != derived.is_complete(decomposed) {
-            result.drifted.push(ParentId::from_ledger(parent_id));
-        }
-    }
-    (result, if full { last } else { None })
-}
-
-/// Parses a stored enum value, turning a bad one into a decode error.
-pub(crate) fn parse_column<T: std::str::FromStr<Err = String>>(value: &str) -> Result<T, sqlx::Error> {
-    value.parse().map_err(|e: String| sqlx::Error::Decode(e.into()))
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod raw;
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -92,7 +93,7 @@ pub struct TestApp {
     pub base: String,
     pub client: reqwest::Client,
     pub database_url: String,
-    store: Store,
+    db: raw::RawDb,
     server: tokio::task::JoinHandle<()>,
     reaper: tokio::task::JoinHandle<()>,
     listener_task: tokio::task::JoinHandle<()>,
@@ -151,9 +152,9 @@ impl TestDatabase {
         }
     }
 
-    /// A store on this database, for looking at the rows directly.
-    pub async fn store(&self) -> Store {
-        Store::connect(&self.url).await.expect("connect store")
+    /// A connection to this database, for looking at the rows directly.
+    pub async fn store(&self) -> raw::RawDb {
+        raw::RawDb::connect(&self.url).await
     }
 }
 
@@ -244,8 +245,8 @@ async fn start_app(
             .timeout(Duration::from_secs(120))
             .build()
             .unwrap(),
+        db: raw::RawDb::connect(&database_url).await,
         database_url,
-        store,
         server,
         reaper,
         listener_task,
@@ -324,12 +325,12 @@ impl TestApp {
 
     /// Runs raw SQL against the test's database, as an operator would.
     pub async fn exec(&self, sql: &str) {
-        self.store.execute_raw(sql).await.expect("raw sql");
+        self.db.execute_raw(sql).await.expect("raw sql");
     }
 
     /// Runs a scalar count query (`SELECT count(*) ...`) against the test's database.
     pub async fn count(&self, sql: &str) -> i64 {
-        self.store.count_raw(sql).await.expect("raw count")
+        self.db.count_raw(sql).await.expect("raw count")
     }
 }
 

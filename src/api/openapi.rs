@@ -1,0 +1,165 @@
+//! The OpenAPI document: built from the routes themselves, then completed
+//! with what holds for every operation and with the limits this service runs
+//! with (the checked-in copy shows the defaults).
+
+use utoipa::OpenApi;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder, Schema};
+
+use super::validate::{MAX_KEY_CHARS, MAX_REASON_CHARS, MAX_WORKER_CHARS};
+use crate::config::{Limits, MAX_WAIT_SECONDS};
+use crate::error::Problem;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "child-ledger",
+        description = "A durable per-child ledger for fan-out work. Register a parent with its full child list \
+before dispatching anything; workers in any language claim leased chunks of pending children, \
+and record exactly one terminal outcome per child (first writer wins). Parent counters are a \
+projection of the child rows: reconcile shows and repairs any drift. Every error is \
+`application/problem+json` (RFC 9457) with a stable `type`.",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    components(schemas(Problem)),
+    tags(
+        (name = "parents", description = "Register, append, seal, read and list parents"),
+        (name = "children", description = "Read children and retry held ones"),
+        (name = "claims", description = "Leased chunks of pending children"),
+        (name = "outcomes", description = "Terminal outcomes: first writer wins"),
+        (name = "reconcile", description = "Compare and repair the stored projection"),
+        (name = "operations", description = "Health, readiness and metrics"),
+    )
+)]
+pub(super) struct ApiDoc;
+
+/// The routes' document completed for a service running with `limits`.
+pub(super) fn complete(mut api: utoipa::openapi::OpenApi, limits: &Limits) -> utoipa::openapi::OpenApi {
+    document_every_operation(&mut api);
+    document_limits(&mut api, limits);
+    api
+}
+
+/// What holds for every operation, written once instead of on each handler:
+/// any `/v1` operation can answer a 4xx problem (a body over the limit, a
+/// wrong content type, an invalid parameter) and a 503 problem with
+/// `Retry-After` (the database is unreachable or the request ran out of time);
+/// a request body whose members are all optional may be left out entirely,
+/// as the extractor reads an empty body as `{}`.
+fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
+    let problem = |description: &str| {
+        ResponseBuilder::new().description(description).content(
+            "application/problem+json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+    };
+    let client_error: utoipa::openapi::Response = problem("Invalid request: the problem's `type` says which kind and `field` names the input at fault; nothing was written").build();
+    let unavailable: utoipa::openapi::Response =
+        problem("The database is unreachable or the request ran out of time: retry after `Retry-After` seconds")
+            .header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))))
+                    .description(Some("Seconds to wait before retrying"))
+                    .build(),
+            )
+            .build();
+    // Request bodies refer to a component schema; with no required member, the body may be left out.
+    let schemas = api.components.as_ref().map(|c| c.schemas.clone()).unwrap_or_default();
+    let all_optional = |body: &utoipa::openapi::request_body::RequestBody| {
+        body.content.values().any(|content| {
+            let RefOr::T(content) = content else { return false };
+            let Some(RefOr::Ref(r)) = &content.schema else {
+                return false;
+            };
+            let name = r.ref_location.rsplit('/').next().unwrap_or_default();
+            matches!(schemas.get(name), Some(RefOr::T(Schema::Object(object))) if object.required.is_empty())
+        })
+    };
+    for (path, item) in api.paths.paths.iter_mut() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let responses = &mut op.responses.responses;
+            responses
+                .entry("4XX".to_owned())
+                .or_insert_with(|| RefOr::T(client_error.clone()));
+            responses
+                .entry("503".to_owned())
+                .or_insert_with(|| RefOr::T(unavailable.clone()));
+            if let Some(RefOr::T(body)) = op
+                .request_body
+                .as_mut()
+                .filter(|b| matches!(b, RefOr::T(b) if all_optional(b)))
+            {
+                body.required = Some(Required::False);
+                let note = "Every member is optional: an empty body (or none) reads as `{}`.";
+                body.description = Some(match body.description.take() {
+                    Some(d) => format!("{d}. {note}"),
+                    None => note.to_owned(),
+                });
+            }
+        }
+    }
+}
+
+/// A bound the document states, and where.
+enum Bound {
+    Maximum(i64),
+    MaxItems(usize),
+    MaxLength(usize),
+}
+
+/// Every bound of a request body, from the one place it is enforced.
+fn document_limits(api: &mut utoipa::openapi::OpenApi, limits: &Limits) {
+    use Bound::*;
+    let bounds = [
+        ("ClaimChildren", "limit", Maximum(limits.max_claim_limit)),
+        ("ClaimChildren", "lease_seconds", Maximum(limits.max_lease_seconds)),
+        ("ClaimChildren", "wait_seconds", Maximum(MAX_WAIT_SECONDS as i64)),
+        ("ClaimChildren", "worker", MaxLength(MAX_WORKER_CHARS)),
+        ("ExtendClaim", "lease_seconds", Maximum(limits.max_lease_seconds)),
+        ("ReleaseClaim", "delay_seconds", Maximum(limits.max_lease_seconds)),
+        (
+            "ReleaseClaim",
+            "children",
+            MaxItems(limits.max_claim_limit.max(0) as usize),
+        ),
+        ("RecordOutcomes", "outcomes", MaxItems(limits.max_outcomes_per_request)),
+        ("RecordOutcome", "reason", MaxLength(MAX_REASON_CHARS)),
+        ("BatchOutcome", "reason", MaxLength(MAX_REASON_CHARS)),
+        ("ChildSpec", "key", MaxLength(MAX_KEY_CHARS)),
+        ("ChildSpec", "skip", MaxLength(MAX_REASON_CHARS)),
+        ("AppendChild", "key", MaxLength(MAX_KEY_CHARS)),
+        ("AppendChild", "skip", MaxLength(MAX_REASON_CHARS)),
+    ];
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    for (schema, property, bound) in bounds {
+        let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(schema) else {
+            continue;
+        };
+        match (object.properties.get_mut(property), bound) {
+            (Some(RefOr::T(Schema::Object(p))), Maximum(n)) => p.maximum = Some(utoipa::Number::Int(n as isize)),
+            (Some(RefOr::T(Schema::Object(p))), MaxLength(n)) => p.max_length = Some(n),
+            (Some(RefOr::T(Schema::Array(p))), MaxItems(n)) => p.max_items = Some(n),
+            // A renamed field must not silently drop its bound from the document.
+            _ if cfg!(debug_assertions) => panic!("{schema}.{property}: no such property for its bound"),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Checks on request values beyond their types: ranges, lengths, byte sizes,
+//! storable JSON, page sizes and the children of a registration or append.
+//! Each failure names the field at fault.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::error::{ApiError, ApiResult};
+use crate::ledger::NewChild;
+use crate::ledger::fingerprint::minify_json;
+
+/// The longest key a child may have.
+pub const MAX_KEY_CHARS: usize = 200;
+/// The longest reason (skip, failure) in characters.
+pub const MAX_REASON_CHARS: usize = 1000;
+/// The longest worker label.
+pub const MAX_WORKER_CHARS: usize = 200;
+/// The largest page of a list.
+pub const MAX_PAGE: i64 = 1000;
+/// The page size when none is asked for.
+pub const DEFAULT_PAGE: i64 = 100;
+
+/// A list's page size: `DEFAULT_PAGE` when none is given, at most `MAX_PAGE`.
+pub fn page_limit(limit: Option<i64>) -> ApiResult<i64> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "limit",
+            format!("must be between 1 and {MAX_PAGE}, got {limit}"),
+        ));
+    }
+    Ok(limit)
+}
+
+/// Checks the children of one request: keys unique within it, reasons and
+/// payloads within their limits, turning each into a ledger row.
+pub struct ChildChecker {
+    keys: HashMap<String, i64>,
+    max_payload_bytes: usize,
+}
+
+impl ChildChecker {
+    pub fn new(max_payload_bytes: usize) -> Self {
+        Self {
+            keys: HashMap::new(),
+            max_payload_bytes,
+        }
+    }
+
+    pub fn check(
+        &mut self,
+        field: &str,
+        sequence: i64,
+        payload: Option<Box<RawValue>>,
+        key: Option<String>,
+        skip: Option<String>,
+    ) -> ApiResult<NewChild> {
+        if let Some(key) = &key {
+            if key.is_empty() {
+                return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
+            }
+            max_chars(&format!("{field}.key"), key, MAX_KEY_CHARS)?;
+            if let Some(first) = self.keys.insert(key.clone(), sequence) {
+                return Err(ApiError::duplicate_key_in_request(field, key, first));
+            }
+        }
+        if let Some(skip) = &skip {
+            if skip.is_empty() {
+                return Err(ApiError::invalid(format!("{field}.skip"), "must be a non-empty reason"));
+            }
+            max_chars(&format!("{field}.skip"), skip, MAX_REASON_CHARS)?;
+        }
+        let payload = match payload {
+            Some(payload) => {
+                let field = format!("{field}.payload");
+                // Measured compact, as the parent payload is; minifying is only
+                // needed when the text as sent is over the limit.
+                let mut len = payload.get().len();
+                if len > self.max_payload_bytes {
+                    len = minify_json(payload.get()).len();
+                }
+                max_bytes(&field, len, self.max_payload_bytes)?;
+                storable_json(&field, payload.get())?;
+                payload
+            }
+            None => null_payload(),
+        };
+        Ok(NewChild {
+            sequence,
+            key,
+            payload,
+            skip,
+        })
+    }
+}
+
+/// The payload of a child that was sent without one.
+pub fn null_payload() -> Box<RawValue> {
+    serde_json::value::to_raw_value(&Value::Null).expect("null is JSON")
+}
+
+/// At most `max` children in one request.
+pub fn child_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
+    if count > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("{count} children in one request; at most {max} (use append + seal beyond that)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a number against an inclusive range, naming the field when it is out.
+pub fn in_range<T>(field: &str, value: T, min: T, max: T) -> Result<T, ApiError>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    if value < min || value > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be between {min} and {max}, got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// Checks a string's length in characters.
+pub fn max_chars(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    let len = value.chars().count();
+    if len > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {max} characters, got {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that raw JSON (kept as text, so far only checked for syntax) is
+/// JSON every store can keep and give back: no lone UTF-16 surrogate in a
+/// string escape and no number beyond the range of a double.
+pub fn storable_json(field: &str, text: &str) -> Result<(), ApiError> {
+    use serde::Deserializer as _;
+    use serde::de::{self, MapAccess, SeqAccess, Visitor};
+
+    /// Reads every value fully (strings decoded, numbers parsed) and keeps nothing.
+    struct Storable;
+
+    impl<'de> Visitor<'de> for Storable {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element_seed(StorableSeed)?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while map.next_key_seed(StorableSeed)?.is_some() {
+                map.next_value_seed(StorableSeed)?;
+            }
+            Ok(())
+        }
+    }
+
+    struct StorableSeed;
+
+    impl<'de> de::DeserializeSeed<'de> for StorableSeed {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(Storable)
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_str(text);
+    (&mut de)
+        .deserialize_any(Storable)
+        .map_err(|e| ApiError::invalid(field, format!("cannot be stored: {e}")))
+}
+
+/// The size of a JSON value written compactly, counted without allocating it.
+pub fn json_bytes(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// Checks the size of a JSON value, in bytes.
+pub fn max_bytes(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
+    if len > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("must be at most {max} bytes of JSON, got {len}"),
+        ));
+    }
+    Ok(())
+}

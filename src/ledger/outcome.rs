@@ -1,0 +1,122 @@
+//! Outcome rules: which attempt a write is credited to, why a write lost, and
+//! how a batch that names a child twice is recorded.
+
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
+use super::model::{OutcomeStatus, OutcomeWrite};
+use super::state::{ChildState, Outcome};
+
+/// The attempt a claim id names on a child: the current attempt for its
+/// current claim, the one before for the claim it replaced, none otherwise.
+/// Mirrored in SQL by `store::sql::attempt_of`.
+pub fn attempt_of(
+    attempts: i32,
+    claim_id: Option<Uuid>,
+    previous_claim_id: Option<Uuid>,
+    claim: Option<Uuid>,
+) -> Option<i32> {
+    match claim {
+        Some(claim) if Some(claim) == claim_id => Some(attempts),
+        Some(claim) if Some(claim) == previous_claim_id => Some(attempts - 1),
+        _ => None,
+    }
+}
+
+/// The attempt a winning outcome write is credited to. A write without a
+/// claim id counts for the current attempt (none if the child was never
+/// claimed); a late write by the previous holder counts for its own attempt,
+/// below `attempts`. Mirrored in SQL by `store::sql::credited_attempt`.
+pub fn credited_attempt(
+    attempts: i32,
+    claim_id: Option<Uuid>,
+    previous_claim_id: Option<Uuid>,
+    claim: Option<Uuid>,
+) -> Option<i32> {
+    match claim {
+        None => (attempts > 0).then_some(attempts),
+        Some(_) => attempt_of(attempts, claim_id, previous_claim_id, claim),
+    }
+}
+
+/// Why a write that did not win lost, from what the ledger holds for its
+/// child: whether the parent exists and is decomposed, and the child's state.
+pub fn losing_status(parent_decomposed: Option<bool>, state: Option<ChildState>, outcome: Outcome) -> OutcomeStatus {
+    match (parent_decomposed, state) {
+        (None, _) | (_, None) => OutcomeStatus::NotFound,
+        (Some(false), _) => OutcomeStatus::NotDecomposed,
+        (Some(true), Some(state)) if state == outcome.state() => OutcomeStatus::Duplicate,
+        (Some(true), Some(_)) => OutcomeStatus::Conflict,
+    }
+}
+
+/// Splits a batch into rounds, each naming a child at most once, in request
+/// order. A child named again later in the same batch is a retry of the
+/// earlier item: it goes in a later round, where it can only be a `duplicate`
+/// or a logged `conflict`, exactly as if it had been sent afterwards.
+pub fn rounds(writes: &[OutcomeWrite]) -> Vec<Vec<usize>> {
+    let mut seen: HashMap<(&str, i64), usize> = HashMap::with_capacity(writes.len());
+    let mut rounds: Vec<Vec<usize>> = vec![Vec::new()];
+    for (i, w) in writes.iter().enumerate() {
+        let times = seen.entry((w.parent_id.as_str(), w.sequence)).or_insert(0);
+        if *times == rounds.len() {
+            rounds.push(Vec::new());
+        }
+        rounds[*times].push(i);
+        *times += 1;
+    }
+    rounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::ParentId;
+
+    #[test]
+    fn credit_goes_to_the_attempt_that_wrote() {
+        let (a, b, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        assert_eq!(credited_attempt(0, None, None, None), None);
+        assert_eq!(credited_attempt(2, Some(b), Some(a), None), Some(2));
+        assert_eq!(credited_attempt(2, Some(b), Some(a), Some(b)), Some(2));
+        assert_eq!(credited_attempt(2, Some(b), Some(a), Some(a)), Some(1));
+        assert_eq!(credited_attempt(2, Some(b), Some(a), Some(other)), None);
+        assert_eq!(attempt_of(2, Some(b), Some(a), None), None);
+    }
+
+    #[test]
+    fn losers_are_told_why() {
+        use OutcomeStatus::*;
+        let processed = Some(ChildState::Processed);
+        assert_eq!(losing_status(None, None, Outcome::Processed), NotFound);
+        assert_eq!(losing_status(Some(true), None, Outcome::Processed), NotFound);
+        assert_eq!(
+            losing_status(Some(false), Some(ChildState::Pending), Outcome::Processed),
+            NotDecomposed
+        );
+        assert_eq!(losing_status(Some(true), processed, Outcome::Processed), Duplicate);
+        assert_eq!(losing_status(Some(true), processed, Outcome::Failed), Conflict);
+    }
+
+    #[test]
+    fn repeats_go_to_later_rounds() {
+        let write = |p: &str, s: i64| OutcomeWrite {
+            parent_id: ParentId::parse(p).unwrap(),
+            sequence: s,
+            outcome: Outcome::Processed,
+            reason: None,
+            result: None,
+            claim_id: None,
+        };
+        let writes = [
+            write("A", 0),
+            write("A", 1),
+            write("A", 0),
+            write("B", 0),
+            write("A", 0),
+        ];
+        assert_eq!(rounds(&writes), vec![vec![0, 1, 3], vec![2], vec![4]]);
+        assert_eq!(rounds(&writes[..2]), vec![vec![0, 1]]);
+    }
+}

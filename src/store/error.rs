@@ -1,0 +1,142 @@
+//! What the store can answer besides a result: the ledger refusing a write,
+//! a row that is not there, or the database itself failing. No user-facing
+//! text lives here; `crate::error` words each kind once.
+
+use crate::ledger::{Child, ParentId};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no parent {0}")]
+    ParentNotFound(ParentId),
+    #[error("no child {sequence} in parent {parent_id}")]
+    ChildNotFound { parent_id: ParentId, sequence: i64 },
+    /// The parent exists with a different registration fingerprint.
+    #[error("parent {0} exists with different content")]
+    RegistrationConflict(ParentId),
+    /// An append names sequences already stored with different content.
+    #[error("children of {parent_id} conflict with the ledger")]
+    ChildrenConflict { parent_id: ParentId, sequences: Vec<i64> },
+    /// A child key is already used by another sequence of the parent.
+    #[error("duplicate child key in {0}")]
+    DuplicateKey(ParentId),
+    /// Appends go only to decomposing parents.
+    #[error("parent {0} is decomposed")]
+    ParentDecomposed(ParentId),
+    /// A seal whose total does not match the stored sequences.
+    #[error("seal with total {total} does not match the ledger")]
+    SealMismatch {
+        total: i64,
+        missing: Vec<i64>,
+        extra: Vec<i64>,
+    },
+    /// Only a held (or already pending) child can be retried.
+    #[error("child cannot be retried")]
+    RetryConflict { child: Box<Child> },
+    /// The database, or the connection to it, is gone: retrying later is right.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else the database said.
+    #[error(transparent)]
+    Db(sqlx::Error),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        if is_unavailable(&err) {
+            Self::Unavailable(err)
+        } else {
+            Self::Db(err)
+        }
+    }
+}
+
+impl StoreError {
+    /// A bulk child insert's error: a unique violation there can only be a
+    /// child key (sequences are either new or absorbed by `ON CONFLICT`).
+    pub(crate) fn from_child_insert(err: sqlx::Error, parent_id: &ParentId) -> Self {
+        let unique = err
+            .as_database_error()
+            .is_some_and(|e| matches!(e.kind(), sqlx::error::ErrorKind::UniqueViolation));
+        if unique {
+            Self::DuplicateKey(parent_id.clone())
+        } else {
+            Self::from(err)
+        }
+    }
+
+    /// Whether the whole transaction may simply be run again: Postgres aborted
+    /// it as a deadlock victim or a serialization failure, and it wrote nothing.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Self::Db(err) => err
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "40P01" || code == "40001"),
+            _ => false,
+        }
+    }
+}
+
+/// Whether an error says the database, or the connection to it, is gone rather
+/// than that this statement failed.
+fn is_unavailable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        // What a connection that died under a request reports.
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        // Postgres ending the session: class 08 connection exception,
+        // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now,
+        // 53300 too_many_connections. SQLite still busy or locked after the
+        // busy timeout (5 SQLITE_BUSY, 6 SQLITE_LOCKED and every extended code
+        // of theirs): another process held the file too long; retrying is right.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+                // SQLite's extended codes keep the primary code in the low byte.
+                || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+        }),
+        _ => false,
+    }
+}
+
+/// Runs a transaction body again when Postgres aborted it as a deadlock
+/// victim or serialization failure: such an abort wrote nothing.
+macro_rules! retry_transient {
+    ($body:expr) => {{
+        let mut tries = 0;
+        loop {
+            match $body {
+                Err(err) if tries < 5 && $crate::store::StoreError::is_transient(&err) => tries += 1,
+                other => break other,
+            }
+        }
+    }};
+}
+pub(crate) use retry_transient;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_database_is_unavailable_and_a_failed_query_is_not() {
+        for lost in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+            sqlx::Error::Protocol("unexpected message on a dead connection".to_owned()),
+            sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
+        ] {
+            assert!(matches!(StoreError::from(lost), StoreError::Unavailable(_)));
+        }
+        let failed = StoreError::from(sqlx::Error::ColumnNotFound("total".to_owned()));
+        assert!(matches!(failed, StoreError::Db(_)));
+        assert!(!failed.is_transient());
+    }
+}

@@ -1,0 +1,65 @@
+//! Outcomes: first writer wins, one-way. The writes that win commit first, in
+//! one statement per backend; the ones that lost are then told why, in their
+//! own transaction, and the conflicting ones are kept in their child's log.
+
+use std::collections::HashSet;
+
+use super::{Db, Store, StoreResult, Tx, dispatch, in_tx, retry_transient};
+use crate::ledger::outcome::{losing_status, rounds};
+use crate::ledger::{OutcomeStatus, OutcomeWrite};
+
+impl Store {
+    /// Records terminal outcomes; the statuses come back in request order. A
+    /// child named twice is recorded once: the later item goes in a later
+    /// round (see `ledger::outcome::rounds`).
+    pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
+        let rounds = rounds(writes);
+        if rounds.len() == 1 {
+            return self.record_round(writes).await;
+        }
+        let mut statuses = vec![OutcomeStatus::NotFound; writes.len()];
+        for round in rounds {
+            let batch: Vec<OutcomeWrite> = round.iter().map(|&i| writes[i].clone()).collect();
+            for (i, status) in round.into_iter().zip(self.record_round(&batch).await?) {
+                statuses[i] = status;
+            }
+        }
+        Ok(statuses)
+    }
+
+    /// Records writes that each name a different child.
+    async fn record_round(&self, writes: &[OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
+        let applied = dispatch!(self, s => s.apply_outcomes(writes).await)?;
+        self.completed(&applied.completed);
+        let mut statuses = vec![OutcomeStatus::Applied; writes.len()];
+        if applied.won.len() < writes.len() {
+            let won: HashSet<(&str, i64)> = applied.won.iter().map(|(p, s)| (p.as_str(), *s)).collect();
+            let lost: Vec<usize> = (0..writes.len())
+                .filter(|&i| !won.contains(&(writes[i].parent_id.as_str(), writes[i].sequence)))
+                .collect();
+            let losers: Vec<&OutcomeWrite> = lost.iter().map(|&i| &writes[i]).collect();
+            let told = retry_transient!(self.classify_losers(&losers).await)?;
+            for (i, status) in lost.into_iter().zip(told) {
+                statuses[i] = status;
+            }
+        }
+        Ok(statuses)
+    }
+
+    /// Why each write that did not win lost, logging the conflicting ones in
+    /// the child's conflict log, in one transaction.
+    async fn classify_losers(&self, losers: &[&OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
+        let mut tx = self.begin().await?;
+        let facts = in_tx!(&mut tx, outcomes::loser_facts(losers))?;
+        let mut statuses = Vec::with_capacity(losers.len());
+        for (write, facts) in losers.iter().zip(facts) {
+            let status = losing_status(facts.parent_decomposed, facts.state, write.outcome);
+            if status == OutcomeStatus::Conflict {
+                in_tx!(&mut tx, outcomes::log_conflict(write))?;
+            }
+            statuses.push(status);
+        }
+        tx.commit().await?;
+        Ok(statuses)
+    }
+}

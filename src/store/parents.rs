@@ -1,0 +1,117 @@
+//! Parents: registration, appends, the seal, and reads.
+
+use super::rows::Inserted;
+use super::{ChildPage, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, dispatch, in_tx};
+use crate::ledger::projection::{self, SEAL_REPORT_LIMIT};
+use crate::ledger::{Appended, Child, ChildState, NewChild, Parent, ParentId, Registration};
+
+impl Store {
+    /// Registers a parent with its children in one transaction. Returns whether
+    /// this call created it (`false`: an identical registration already existed).
+    pub async fn register(&self, registration: &Registration) -> StoreResult<(bool, Parent)> {
+        let parent_id = &registration.parent_id;
+        match dispatch!(self, s => s.register(registration).await)? {
+            Inserted::Created { completed } => {
+                if completed {
+                    self.completed(std::slice::from_ref(parent_id));
+                }
+                Ok((true, self.parent(parent_id, false).await?))
+            }
+            Inserted::Taken { fingerprint } if fingerprint.as_deref() == Some(&registration.fingerprint) => {
+                Ok((false, self.parent(parent_id, false).await?))
+            }
+            Inserted::Taken { .. } => Err(StoreError::RegistrationConflict(parent_id.clone())),
+        }
+    }
+
+    /// Appends children to a decomposing parent, idempotent per sequence.
+    pub async fn append(&self, parent_id: &ParentId, children: &[NewChild]) -> StoreResult<Appended> {
+        let inserted = dispatch!(self, s => s.append(parent_id, children).await)?;
+        Ok(Appended {
+            inserted,
+            existing: children.len() as u64 - inserted,
+        })
+    }
+
+    /// Marks a decomposing parent decomposed when exactly `0..total` are stored;
+    /// a sealed parent is returned as it is.
+    pub async fn seal(&self, parent_id: &ParentId, total: i64) -> StoreResult<Parent> {
+        let mut tx = self.begin().await?;
+        let decomposed = in_tx!(&mut tx, parents::lock_decomposed(parent_id))?
+            .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))?;
+        let census = in_tx!(&mut tx, parents::seal_census(parent_id, total))?;
+        if !census.matches(total) {
+            let report = in_tx!(
+                &mut tx,
+                parents::seal_report(parent_id, total, SEAL_REPORT_LIMIT as i64)
+            )?;
+            return Err(StoreError::SealMismatch {
+                total,
+                missing: projection::missing_sequences(total, report.first, &report.gaps),
+                extra: report.extra,
+            });
+        }
+        let mut completed = false;
+        if !decomposed {
+            let rows = in_tx!(&mut tx, parents::tally(parent_id))?;
+            completed = rows.is_complete(true);
+            in_tx!(&mut tx, parents::mark_decomposed(parent_id, &rows, completed))?;
+        }
+        tx.commit().await?;
+        if completed {
+            self.completed(std::slice::from_ref(parent_id));
+        }
+        self.floors.forget(parent_id);
+        self.parent(parent_id, false).await
+    }
+
+    pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> StoreResult<Parent> {
+        dispatch!(self, s => s.parent(parent_id, include_payload).await)?
+            .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))
+    }
+
+    pub async fn list_parents(&self, filter: &ParentFilter) -> StoreResult<ParentPage> {
+        // One row past the page says whether another page follows.
+        let mut rows = dispatch!(self, s => s.list_parents(filter, filter.limit + 1).await)?;
+        let more = rows.len() as i64 > filter.limit;
+        rows.truncate(filter.limit as usize);
+        let next_position = rows.last().map(|(position, _)| *position).filter(|_| more);
+        Ok(ParentPage {
+            parents: rows.into_iter().map(|(_, parent)| parent).collect(),
+            next_position,
+        })
+    }
+
+    pub async fn children(
+        &self,
+        parent_id: &ParentId,
+        state: Option<ChildState>,
+        after: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<ChildPage> {
+        let mut children = dispatch!(self, s => s.children(parent_id, state, after, limit + 1).await)?;
+        if children.is_empty() {
+            self.require_parent(parent_id).await?;
+        }
+        let more = children.len() as i64 > limit;
+        children.truncate(limit as usize);
+        let next_after = children.last().map(|c| c.sequence).filter(|_| more);
+        Ok(ChildPage { children, next_after })
+    }
+
+    pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<Child> {
+        dispatch!(self, s => s.child(parent_id, sequence).await)?.ok_or_else(|| StoreError::ChildNotFound {
+            parent_id: parent_id.clone(),
+            sequence,
+        })
+    }
+
+    /// `ParentNotFound` unless the parent exists.
+    pub(super) async fn require_parent(&self, parent_id: &ParentId) -> StoreResult<()> {
+        if dispatch!(self, s => s.parent_exists(parent_id).await)? {
+            Ok(())
+        } else {
+            Err(StoreError::ParentNotFound(parent_id.clone()))
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The Postgres ledger: shared by many service replicas. Claims are one
+//! statement with `FOR UPDATE SKIP LOCKED`; every terminal transition is a
+//! guarded `UPDATE` whose row count decides who won. This file holds the pool,
+//! work notifications and planner statistics; the statements live by resource.
+
+pub(super) mod claims;
+pub(super) mod outcomes;
+pub(super) mod parents;
+pub(super) mod reconcile;
+mod rows;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+
+use super::{PoolStats, StoreOptions, StoreResult};
+
+/// The `LISTEN`/`NOTIFY` channel on which replicas wake each other's waiting claims.
+const WORK_CHANNEL: &str = "child_ledger_work";
+
+pub(super) type PgTx = Transaction<'static, Postgres>;
+
+#[derive(Debug, Clone)]
+pub(crate) struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
+        let connect: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            // One more than requests may use: the work listener holds one
+            // connection for the life of the process.
+            .max_connections(options.max_connections + 1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        sqlx::migrate!("./migrations/postgres").run(&self.pool).await?;
+        Ok(())
+    }
+
+    pub(super) async fn begin(&self) -> StoreResult<PgTx> {
+        Ok(self.pool.begin().await?)
+    }
+
+    pub async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        vec![PoolStats {
+            name: "postgres",
+            size: self.pool.size(),
+            idle: self.pool.num_idle() as u32,
+            max: self.pool.options().get_max_connections(),
+        }]
+    }
+
+    /// One notification per call, however many children it concerns.
+    pub async fn notify_work(&self) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(WORK_CHANNEL)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn listen_for_work(&self) -> StoreResult<PgListener> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(WORK_CHANNEL).await?;
+        Ok(listener)
+    }
+
+    /// Keeps the planner's picture of `child` fresh after a bulk write, so the
+    /// first claims after a big registration use the pending index instead of a
+    /// plan chosen for an empty table.
+    async fn refresh_statistics(&self, rows_written: i64) -> StoreResult<()> {
+        if rows_written < STATISTICS_MIN_ROWS {
+            return Ok(());
+        }
+        let estimated: i64 =
+            sqlx::query_scalar("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = 'child'")
+                .fetch_optional(&self.pool)
+                .await?
+                .unwrap_or(0);
+        if needs_fresh_statistics(rows_written, estimated) {
+            sqlx::query("ANALYZE child").execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Bulk writes smaller than this never make the statistics stale enough to matter.
+const STATISTICS_MIN_ROWS: i64 = 10_000;
+
+/// Whether a bulk write is big enough, relative to the table, that the
+/// planner's statistics are stale and should be refreshed before claims run.
+fn needs_fresh_statistics(rows_written: i64, rows_estimated: i64) -> bool {
+    rows_written >= STATISTICS_MIN_ROWS && rows_written * 10 >= rows_estimated.max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_refresh_only_for_big_relative_writes() {
+        assert!(!needs_fresh_statistics(9_999, 0));
+        assert!(needs_fresh_statistics(100_000, 0));
+        assert!(needs_fresh_statistics(100_000, 1_000_000));
+        assert!(!needs_fresh_statistics(100_000, 10_000_000));
+    }
+}

@@ -1,0 +1,143 @@
+//! Outcomes on Postgres: the winning writes and their counters in one
+//! statement, and what the losers are told.
+
+use std::sync::LazyLock;
+
+use serde_json::Value;
+use sqlx::AssertSqlSafe;
+use uuid::Uuid;
+
+use super::{PgStore, PgTx};
+use crate::ledger::{OutcomeWrite, ParentId};
+use crate::store::rows::{Applied, LoserFacts, parse_column};
+use crate::store::{StoreResult, retry_transient, sql};
+
+/// Adds a `deltas (parent_id, processed, failed, skipped)` CTE's counts to
+/// their parents and completes those whose last child just went terminal.
+/// Each parent row is locked first (`locked`), so `bumped` knows whether it
+/// was open before: `bumped (parent_id, completed)` names the parents this
+/// statement completed, and no other statement can claim the same completion.
+pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "locked AS ( \
+             SELECT p.parent_id, p.completed_at FROM parent p JOIN deltas d ON d.parent_id = p.parent_id \
+             FOR UPDATE OF p), \
+         bumped AS ( \
+             UPDATE parent p SET processed = p.processed + d.processed, failed = p.failed + d.failed, \
+                 skipped = p.skipped + d.skipped, \
+                 completed_at = CASE WHEN p.completed_at IS NULL AND {} THEN now() ELSE p.completed_at END \
+             FROM deltas d, locked l WHERE p.parent_id = d.parent_id AND l.parent_id = p.parent_id \
+             RETURNING p.parent_id, l.completed_at IS NULL AND p.completed_at IS NOT NULL AS completed)",
+        sql::complete(
+            "p.decomposed_at IS NOT NULL",
+            "p.processed + d.processed + p.failed + d.failed + p.skipped + d.skipped",
+            "p.total"
+        )
+    )
+});
+
+/// Child transitions and the parent counters in one statement. The guarded
+/// UPDATE only touches non-terminal rows of decomposed parents, so what it
+/// returns is exactly the set of writes that won.
+static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH input AS ( \
+             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
+                 AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
+         applied AS ( \
+             UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
+                 terminal_at = now(), outcome_attempt = {credited} \
+             FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
+             WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+               AND c.state IN ('pending', 'in_flight', 'held') \
+             RETURNING c.parent_id, c.sequence, c.state), \
+         deltas AS ( \
+             SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
+                 count(*) FILTER (WHERE state = 'failed') AS failed, \
+                 count(*) FILTER (WHERE state = 'skipped') AS skipped \
+             FROM applied GROUP BY parent_id), \
+         {bump} \
+         SELECT parent_id, sequence FROM applied \
+         UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed",
+        credited = sql::credited_attempt("u.claim_id"),
+        bump = BUMP_PARENTS.as_str()
+    )
+});
+
+/// Appends a losing write to its child's conflict log.
+static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE child c SET conflicts = coalesce(c.conflicts, '[]'::jsonb) || jsonb_build_array(jsonb_build_object( \
+             'outcome', $3::text, 'reason', $4::text, 'claim_id', $5::uuid, 'attempt', {}, 'at', now())) \
+         WHERE c.parent_id = $1 AND c.sequence = $2",
+        sql::attempt_of("$5::uuid")
+    )
+});
+
+impl PgStore {
+    /// Records the writes that win, run as its own transaction: the hot parent
+    /// row is locked only while the statement runs, never across a round trip.
+    pub async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
+        let parents: Vec<&str> = writes.iter().map(|w| w.parent_id.as_str()).collect();
+        let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
+        let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
+        let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
+        let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
+        let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
+        let rows: Vec<(String, Option<i64>)> = retry_transient!(
+            sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
+                .bind(&parents)
+                .bind(&sequences)
+                .bind(&outcomes)
+                .bind(&reasons)
+                .bind(&results)
+                .bind(&claims)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Into::into)
+        )?;
+        let mut applied = Applied::default();
+        for (parent_id, sequence) in rows {
+            let parent_id = ParentId::from_ledger(parent_id);
+            match sequence {
+                Some(sequence) => applied.won.push((parent_id, sequence)),
+                None => applied.completed.push(parent_id),
+            }
+        }
+        Ok(applied)
+    }
+}
+
+/// What the ledger holds for each losing write's child, in input order.
+pub(in crate::store) async fn loser_facts(tx: &mut PgTx, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
+    let parents: Vec<&str> = losers.iter().map(|w| w.parent_id.as_str()).collect();
+    let sequences: Vec<i64> = losers.iter().map(|w| w.sequence).collect();
+    let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+        "unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(parent_id, sequence, i)",
+    )))
+    .bind(&parents)
+    .bind(&sequences)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut facts = vec![LoserFacts::default(); losers.len()];
+    for (i, decomposed, state) in rows {
+        facts[i as usize - 1] = LoserFacts {
+            parent_decomposed: decomposed,
+            state: state.as_deref().map(parse_column).transpose()?,
+        };
+    }
+    Ok(facts)
+}
+
+/// Keeps a losing outcome write in the child's conflict log.
+pub(in crate::store) async fn log_conflict(tx: &mut PgTx, write: &OutcomeWrite) -> StoreResult<()> {
+    sqlx::query(AssertSqlSafe(LOG_CONFLICT.as_str()))
+        .bind(write.parent_id.as_str())
+        .bind(write.sequence)
+        .bind(write.outcome.as_str())
+        .bind(write.reason.as_deref())
+        .bind(write.claim_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! SQL that both dialects share, word for word: the ledger rules a statement
+//! must express in SQL, each next to the Rust rule it mirrors (tested to agree
+//! on the same rows, below), and the read statements whose text is the same
+//! in Postgres and SQLite (sqlx binds `$N` on both).
+
+use std::sync::LazyLock;
+
+/// `Tally::is_complete` in SQL: a parent completes when it is decomposed and
+/// every child is terminal. `decomposed` is a boolean expression; `terminal`
+/// and `total` are counts.
+pub(crate) fn complete(decomposed: &str, terminal: &str, total: &str) -> String {
+    format!("({decomposed} AND {terminal} >= {total})")
+}
+
+/// `complete` over a parent row's own stored projection, aliased `alias`.
+pub(crate) fn parent_complete(alias: &str) -> String {
+    complete(
+        &format!("{alias}.decomposed_at IS NOT NULL"),
+        &format!("{alias}.processed + {alias}.failed + {alias}.skipped"),
+        &format!("{alias}.total"),
+    )
+}
+
+/// `ledger::outcome::attempt_of` in SQL: the attempt a claim id names on child
+/// row `c` (its current claim, or the one before), else NULL.
+pub(crate) fn attempt_of(claim: &str) -> String {
+    format!(
+        "CASE WHEN {claim} = c.claim_id THEN c.attempts \
+              WHEN {claim} = c.previous_claim_id THEN c.attempts - 1 END"
+    )
+}
+
+/// `ledger::outcome::credited_attempt` in SQL: the attempt an outcome write
+/// is credited to on child row `c`. A write without a claim id is credited to
+/// the current attempt, if the child was ever claimed.
+pub(crate) fn credited_attempt(claim: &str) -> String {
+    format!(
+        "CASE WHEN {claim} IS NULL THEN NULLIF(c.attempts, 0) ELSE {} END",
+        attempt_of(claim)
+    )
+}
+
+/// A child row's columns as `Child` reads them.
+pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c.attempts, \
+    c.claim_id, c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.reason, c.result, \
+    c.outcome_attempt, c.terminal_at, c.conflicts";
+
+/// One child, by its primary key.
+pub(crate) static CHILD_BY_KEY: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {CHILD_COLUMNS} FROM child c WHERE c.parent_id = $1 AND c.sequence = $2"));
+
+/// A parent row's columns with its open counts, read from the partial indexes.
+pub(crate) const PARENT_SELECT: &str = "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
+    p.expired_lease, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
+    p.position, \
+    (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') AS open_pending, \
+    (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'in_flight') AS open_in_flight, \
+    (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'held') AS open_held \
+    FROM parent p";
+
+/// One parent with its open counts.
+pub(crate) static PARENT_BY_ID: LazyLock<String> = LazyLock::new(|| format!("{PARENT_SELECT} WHERE p.parent_id = $1"));
+
+/// Whether a parent exists.
+pub(crate) const PARENT_EXISTS: &str = "SELECT 1 FROM parent WHERE parent_id = $1";
+
+/// A parent's registration fingerprint.
+pub(crate) const PARENT_FINGERPRINT: &str = "SELECT fingerprint FROM parent WHERE parent_id = $1";
+
+/// The projection derived from a parent's rows: `(total, processed, failed, skipped)`.
+pub(crate) const TERMINAL_TALLY: &str = "SELECT count(*) AS total, \
+    count(*) FILTER (WHERE state = 'processed') AS processed, \
+    count(*) FILTER (WHERE state = 'failed') AS failed, \
+    count(*) FILTER (WHERE state = 'skipped') AS skipped \
+    FROM child WHERE parent_id = $1";
+
+/// A seal's census: stored sequences below `$2` and at or past it.
+pub(crate) const SEAL_CENSUS: &str = "SELECT count(*) FILTER (WHERE sequence < $2), \
+    count(*) FILTER (WHERE sequence >= $2) FROM child WHERE parent_id = $1";
+
+/// The lowest stored sequence below `$2`.
+pub(crate) const SEAL_FIRST: &str = "SELECT min(sequence) FROM child WHERE parent_id = $1 AND sequence < $2";
+
+/// Stored sequences below `$2` that start a gap (or end the run), with the
+/// next stored sequence: what `projection::missing_sequences` reads.
+pub(crate) const SEAL_GAPS: &str = "SELECT sequence, next FROM ( \
+        SELECT sequence, lead(sequence) OVER (ORDER BY sequence) AS next \
+        FROM child WHERE parent_id = $1 AND sequence < $2) runs \
+    WHERE next IS NULL OR next > sequence + 1 ORDER BY sequence LIMIT $3";
+
+/// Stored sequences at or past `$2`.
+pub(crate) const SEAL_EXTRA: &str =
+    "SELECT sequence FROM child WHERE parent_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3";
+
+/// A parent's stored projection for reconcile.
+pub(crate) const STORED_PROJECTION: &str = "SELECT total, processed, failed, skipped, completed_at, \
+    decomposed_at IS NOT NULL AS decomposed FROM parent WHERE parent_id = $1";
+
+/// Returns a held child to pending.
+pub(crate) const RETRY_HELD: &str = "UPDATE child SET state = 'pending', available_at = NULL \
+    WHERE parent_id = $1 AND sequence = $2 AND state = 'held'";
+
+/// Why each losing outcome write lost: for each `(parent_id, sequence)` of the
+/// input, whether its parent is decomposed and the child's state (NULL when
+/// missing). `$INPUT` is the dialect's table of `(i, parent_id, sequence)`.
+pub(crate) fn loser_facts(input: &str) -> String {
+    format!(
+        "SELECT u.i, p.decomposed_at IS NOT NULL, c.state FROM {input} \
+         LEFT JOIN parent p ON p.parent_id = u.parent_id \
+         LEFT JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    //! The SQL rules against their Rust mirrors, on the same rows, on SQLite
+    //! and (when it answers, or always when it is required) on Postgres.
+
+    use sqlx::{AssertSqlSafe, Connection};
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::ledger::outcome::{attempt_of as rust_attempt_of, credited_attempt as rust_credited};
+    use crate::ledger::projection::Tally;
+
+    /// `(decomposed, total, processed, failed, skipped)`.
+    fn tallies() -> Vec<(bool, i64, i64, i64, i64)> {
+        let mut rows = Vec::new();
+        for decomposed in [false, true] {
+            for total in [0, 1, 3] {
+                for (processed, failed, skipped) in [(0, 0, 0), (1, 0, 0), (1, 1, 0), (1, 1, 1), (2, 1, 1)] {
+                    rows.push((decomposed, total, processed, failed, skipped));
+                }
+            }
+        }
+        rows
+    }
+
+    /// `(attempts, claim_id, previous_claim_id, write_claim)`.
+    type ClaimRow = (i32, Option<Uuid>, Option<Uuid>, Option<Uuid>);
+
+    fn claims() -> Vec<ClaimRow> {
+        let (a, b, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let mut rows = Vec::new();
+        for (attempts, current, previous) in [(0, None, None), (1, Some(a), None), (2, Some(b), Some(a))] {
+            for write in [None, Some(a), Some(b), Some(other)] {
+                rows.push((attempts, current, previous, write));
+            }
+        }
+        rows
+    }
+
+    fn complete_sql(values: &str) -> String {
+        format!(
+            "WITH p(decomposed, total, processed, failed, skipped) AS (VALUES {values}) SELECT {} FROM p",
+            complete("p.decomposed", "p.processed + p.failed + p.skipped", "p.total")
+        )
+    }
+
+    fn expected_complete() -> Vec<bool> {
+        tallies()
+            .into_iter()
+            .map(|(decomposed, total, processed, failed, skipped)| {
+                Tally {
+                    total,
+                    processed,
+                    failed,
+                    skipped,
+                }
+                .is_complete(decomposed)
+            })
+            .collect()
+    }
+
+    fn expected_attempts() -> Vec<(Option<i32>, Option<i32>)> {
+        claims()
+            .into_iter()
+            .map(|(attempts, current, previous, write)| {
+                (
+                    rust_attempt_of(attempts, current, previous, write),
+                    rust_credited(attempts, current, previous, write),
+                )
+            })
+            .collect()
+    }
+
+    fn attempts_sql(values: &str, claim: &str) -> String {
+        format!(
+            "WITH c(n, attempts, claim_id, previous_claim_id, w) AS (VALUES {values}) \
+             SELECT {}, {} FROM c ORDER BY c.n",
+            attempt_of(claim),
+            credited_attempt(claim)
+        )
+    }
+
+    fn uuid_sql(id: Option<Uuid>, cast: &str) -> String {
+        id.map_or_else(|| format!("NULL{cast}"), |id| format!("'{id}'{cast}"))
+    }
+
+    #[tokio::test]
+    async fn rules_agree_with_rust_on_sqlite() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        let values: Vec<String> = tallies()
+            .into_iter()
+            .map(|(d, t, p, f, s)| format!("({}, {t}, {p}, {f}, {s})", i32::from(d)))
+            .collect();
+        let got: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(complete_sql(&values.join(", "))))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, expected_complete());
+
+        let rows = claims();
+        let claims_sql = rows
+            .into_iter()
+            .enumerate()
+            .map(|(n, (attempts, current, previous, write))| {
+                format!(
+                    "({n}, {attempts}, {}, {}, {})",
+                    uuid_sql(current, ""),
+                    uuid_sql(previous, ""),
+                    uuid_sql(write, "")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let got: Vec<(Option<i32>, Option<i32>)> = sqlx::query_as(AssertSqlSafe(attempts_sql(&claims_sql, "c.w")))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, expected_attempts());
+    }
+
+    #[tokio::test]
+    async fn rules_agree_with_rust_on_postgres() {
+        let url = std::env::var("LEDGER_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let required = std::env::var("LEDGER_REQUIRE_POSTGRES").is_ok_and(|v| v == "1" || v == "true")
+            || std::env::var("CI").is_ok_and(|v| v == "true");
+        let mut conn = match sqlx::PgConnection::connect(&url).await {
+            Ok(conn) => conn,
+            Err(err) if !required => {
+                eprintln!("Postgres not reachable ({err}): the Postgres half of the rule test is skipped");
+                return;
+            }
+            Err(err) => panic!("Postgres is required but {url} does not answer: {err}"),
+        };
+        let values: Vec<String> = tallies()
+            .into_iter()
+            .map(|(d, t, p, f, s)| format!("({d}, {t}::bigint, {p}::bigint, {f}::bigint, {s}::bigint)"))
+            .collect();
+        let got: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(complete_sql(&values.join(", "))))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, expected_complete());
+
+        let claims_sql = claims()
+            .into_iter()
+            .enumerate()
+            .map(|(n, (attempts, current, previous, write))| {
+                format!(
+                    "({n}, {attempts}, {}, {}, {})",
+                    uuid_sql(current, "::uuid"),
+                    uuid_sql(previous, "::uuid"),
+                    uuid_sql(write, "::uuid")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let got: Vec<(Option<i32>, Option<i32>)> = sqlx::query_as(AssertSqlSafe(attempts_sql(&claims_sql, "c.w")))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, expected_attempts());
+    }
+}

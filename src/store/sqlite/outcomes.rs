@@ -1,0 +1,159 @@
+//! Outcomes on SQLite: the winning writes, their counters, and what the
+//! losers are told.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use serde_json::Value;
+use sqlx::AssertSqlSafe;
+
+use super::{SqliteStore, SqliteTx, now};
+use crate::ledger::projection::Tally;
+use crate::ledger::{OutcomeWrite, ParentId};
+use crate::store::rows::{Applied, LoserFacts, parse_column};
+use crate::store::{StoreResult, sql};
+
+/// The guarded UPDATE only touches non-terminal rows of decomposed parents:
+/// what it returns is exactly the set of writes that won.
+static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE child AS c SET state = j.outcome, reason = j.reason, result = j.result, terminal_at = {now}, \
+             outcome_attempt = {credited} \
+         FROM (SELECT value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS outcome, \
+                      value ->> 3 AS reason, \
+                      CASE WHEN json_type(value, '$[4]') = 'null' THEN NULL ELSE value -> 4 END AS result, \
+                      value ->> 5 AS claim_id \
+               FROM json_each(?1)) AS j \
+         WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
+           AND c.state IN ('pending', 'in_flight', 'held') \
+           AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
+         RETURNING parent_id, sequence, state",
+        now = now!(),
+        credited = sql::credited_attempt("j.claim_id")
+    )
+});
+
+/// Completes a parent whose last child just went terminal; a row back says
+/// this statement completed it.
+static COMPLETE_PARENT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE parent AS p SET completed_at = {now} \
+         WHERE p.parent_id = ?1 AND p.completed_at IS NULL AND {complete} RETURNING parent_id",
+        now = now!(),
+        complete = sql::parent_complete("p")
+    )
+});
+
+static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE child AS c SET conflicts = json_insert(coalesce(c.conflicts, '[]'), '$[#]', json_object( \
+             'outcome', ?3, 'reason', ?4, 'claim_id', ?5, 'attempt', {attempt}, 'at', {now})) \
+         WHERE c.parent_id = ?1 AND c.sequence = ?2",
+        attempt = sql::attempt_of("?5"),
+        now = now!()
+    )
+});
+
+impl SqliteStore {
+    /// Records the writes that win, and their parents' counters, in one transaction.
+    pub async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
+        let mut tx = self.begin().await?;
+        let won: Vec<(String, i64, String)> = sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
+            .bind(outcomes_json(writes))
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut deltas: BTreeMap<&str, Tally> = BTreeMap::new();
+        for (parent_id, _, state) in &won {
+            let delta = deltas.entry(parent_id.as_str()).or_default();
+            match state.as_str() {
+                "processed" => delta.processed += 1,
+                "failed" => delta.failed += 1,
+                _ => delta.skipped += 1,
+            }
+        }
+        let completed = bump_parents(&mut tx, &deltas).await?;
+        tx.commit().await?;
+        Ok(Applied {
+            won: won
+                .into_iter()
+                .map(|(parent_id, sequence, _)| (ParentId::from_ledger(parent_id), sequence))
+                .collect(),
+            completed,
+        })
+    }
+}
+
+/// Adds terminal counts to parents' projections and completes those whose last
+/// child went terminal. Returns the parents this completed.
+pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Tally>) -> StoreResult<Vec<ParentId>> {
+    let mut completed = Vec::new();
+    for (parent_id, delta) in deltas {
+        sqlx::query(
+            "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4 \
+             WHERE parent_id = ?1",
+        )
+        .bind(parent_id)
+        .bind(delta.processed)
+        .bind(delta.failed)
+        .bind(delta.skipped)
+        .execute(&mut **tx)
+        .await?;
+        let done: Option<String> = sqlx::query_scalar(AssertSqlSafe(COMPLETE_PARENT.as_str()))
+            .bind(parent_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        completed.extend(done.map(ParentId::from_ledger));
+    }
+    Ok(completed)
+}
+
+/// What the ledger holds for each losing write's child, in input order.
+pub(in crate::store) async fn loser_facts(tx: &mut SqliteTx, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
+    let named: Vec<(&str, i64)> = losers.iter().map(|w| (w.parent_id.as_str(), w.sequence)).collect();
+    let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+        "(SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence FROM json_each($1)) AS u",
+    )))
+    .bind(serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned()))
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut facts = vec![LoserFacts::default(); losers.len()];
+    for (i, decomposed, state) in rows {
+        facts[i as usize] = LoserFacts {
+            parent_decomposed: decomposed,
+            state: state.as_deref().map(parse_column).transpose()?,
+        };
+    }
+    Ok(facts)
+}
+
+/// Keeps a losing outcome write in the child's conflict log.
+pub(in crate::store) async fn log_conflict(tx: &mut SqliteTx, write: &OutcomeWrite) -> StoreResult<()> {
+    sqlx::query(AssertSqlSafe(LOG_CONFLICT.as_str()))
+        .bind(write.parent_id.as_str())
+        .bind(write.sequence)
+        .bind(write.outcome.as_str())
+        .bind(write.reason.as_deref())
+        .bind(write.claim_id.map(|c| c.to_string()))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Outcome writes as one JSON array of
+/// `[parent_id, sequence, outcome, reason, result, claim_id]` for `json_each`.
+fn outcomes_json(writes: &[OutcomeWrite]) -> String {
+    let rows: Vec<_> = writes
+        .iter()
+        .map(|w| {
+            serde_json::json!([
+                w.parent_id.as_str(),
+                w.sequence,
+                w.outcome.as_str(),
+                w.reason,
+                w.result,
+                w.claim_id.map(|c| c.to_string())
+            ])
+        })
+        .collect();
+    Value::Array(rows).to_string()
+}
