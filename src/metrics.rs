@@ -94,8 +94,9 @@ impl Metrics {
 
     /// Prometheus text exposition format 0.0.4.
     /// `leases_expired` is the store's count of children whose lease ran out
-    /// and were swept back to pending (or held, or failed) by this process.
-    pub fn render(&self, pools: &[PoolStats], leases_expired: u64) -> String {
+    /// and were swept back to pending (or held, or failed) by this process;
+    /// `parents_completed` its count of parents this process completed.
+    pub fn render(&self, pools: &[PoolStats], leases_expired: u64, parents_completed: u64) -> String {
         let mut out = String::with_capacity(4096);
         family(
             &mut out,
@@ -191,6 +192,14 @@ impl Metrics {
 
         family(
             &mut out,
+            "child_ledger_parents_completed_total",
+            "counter",
+            "Parents whose completion this process committed (an outcome, a sweep, a seal, a reconcile).",
+        );
+        let _ = writeln!(out, "child_ledger_parents_completed_total {parents_completed}");
+
+        family(
+            &mut out,
             "child_ledger_db_pool_connections",
             "gauge",
             "Open database connections, by pool and state (idle or in use).",
@@ -251,7 +260,7 @@ mod tests {
                 Duration::from_secs_f64(ms / 1000.0),
             );
         }
-        let text = metrics.render(&[], 0);
+        let text = metrics.render(&[], 0, 0);
         let bucket = |le: &str| {
             let prefix = format!(
                 "child_ledger_http_request_duration_seconds_bucket{{method=\"GET\",route=\"/v1/parents/{{parent_id}}\",le=\"{le}\"}} "
@@ -291,12 +300,13 @@ mod tests {
             idle: 2,
             max: 16,
         }];
-        let text = metrics.render(&pools, 4);
+        let text = metrics.render(&pools, 4, 2);
         for line in [
             "child_ledger_children_claimed_total{queue=\"events\"} 3",
             "child_ledger_outcomes_total{outcome=\"processed\",status=\"applied\"} 2",
             "child_ledger_outcomes_total{outcome=\"failed\",status=\"conflict\"} 1",
             "child_ledger_leases_expired_total 4",
+            "child_ledger_parents_completed_total 2",
             "child_ledger_http_requests_total{method=\"OTHER\",route=\"unmatched\",status=\"405\"} 2",
             "child_ledger_db_pool_connections{pool=\"postgres\",state=\"idle\"} 2",
             "child_ledger_db_pool_connections{pool=\"postgres\",state=\"in_use\"} 3",

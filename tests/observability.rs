@@ -305,8 +305,49 @@ async fn json_logs_carry_the_request_id(backend: Backend) {
     }
 }
 
+/// Every completion is counted once, however it happens: at registration
+/// (every child skipped), by a seal, and by the outcome of the last child;
+/// repeating the outcomes completes nothing again.
+async fn completions_are_counted_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let skipped = json!({"children": [{"skip": "bad"}, {"skip": "bad"}]});
+    assert_eq!(app.put("/v1/parents/C-1", skipped).await.status, StatusCode::CREATED);
+    let decomposing = json!({"decomposed": false, "children": [{"skip": "bad"}]});
+    assert_eq!(
+        app.put("/v1/parents/C-2", decomposing).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        app.post("/v1/parents/C-2/seal", json!({"total": 1})).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.put("/v1/parents/C-3", json!({"children": children(2)}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let done = json!({"outcomes": [
+        {"parent_id": "C-3", "sequence": 0, "outcome": "processed"},
+        {"parent_id": "C-3", "sequence": 1, "outcome": "processed"}
+    ]});
+    assert_eq!(app.post("/v1/outcomes", done.clone()).await.status, StatusCode::OK);
+    assert_eq!(app.post("/v1/outcomes", done).await.status, StatusCode::OK);
+    for parent in ["C-1", "C-2", "C-3"] {
+        let r = app.get(&format!("/v1/parents/{parent}")).await;
+        assert_eq!(r.body["state"], "complete", "{r:?}");
+    }
+    let text = app.get("/metrics").await.body.as_str().unwrap().to_owned();
+    assert_eq!(
+        expect_sample(&text, "child_ledger_parents_completed_total"),
+        3.0,
+        "{text}"
+    );
+}
+
 both_stores!(
     metrics_count_what_happened,
+    completions_are_counted_once,
     every_response_carries_a_request_id,
     long_poll_wakes_across_replicas,
     json_logs_carry_the_request_id

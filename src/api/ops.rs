@@ -81,8 +81,10 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
         )],
-        state
-            .metrics
-            .render(&state.store.pool_stats(), state.store.leases_expired_total()),
+        state.metrics.render(
+            &state.store.pool_stats(),
+            state.store.leases_expired_total(),
+            state.store.parents_completed_total(),
+        ),
     )
 }

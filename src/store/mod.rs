@@ -18,6 +18,7 @@ mod reconcile;
 mod rows;
 mod sql;
 mod sqlite;
+mod steps;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,36 +1,88 @@
 //! Parents: registration, appends, the seal, and reads.
 
-use super::rows::Inserted;
-use super::{ChildPage, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, dispatch, in_tx};
+use super::{
+    ChildPage, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, WRITE_CHUNK, dispatch, in_tx,
+};
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT};
 use crate::ledger::{Appended, Child, ChildState, NewChild, Parent, ParentId, Registration};
+
+/// How many differing sequences an append conflict names at most.
+const DIFFERING_REPORTED: usize = 100;
 
 impl Store {
     /// Registers a parent with its children in one transaction. Returns whether
     /// this call created it (`false`: an identical registration already existed).
     pub async fn register(&self, registration: &Registration) -> StoreResult<(bool, Parent)> {
         let parent_id = &registration.parent_id;
-        match dispatch!(self, s => s.register(registration).await)? {
-            Inserted::Created { completed } => {
-                if completed {
-                    self.completed(std::slice::from_ref(parent_id));
-                }
-                Ok((true, self.parent(parent_id, false).await?))
+        let mut tx = self.begin().await?;
+        let Some(completed) = in_tx!(&mut tx, parents::insert_parent(registration))? else {
+            drop(tx);
+            let stored = dispatch!(self, s => s.fingerprint(parent_id).await)?;
+            if stored.as_deref() != Some(&registration.fingerprint) {
+                return Err(StoreError::RegistrationConflict(parent_id.clone()));
             }
-            Inserted::Taken { fingerprint } if fingerprint.as_deref() == Some(&registration.fingerprint) => {
-                Ok((false, self.parent(parent_id, false).await?))
-            }
-            Inserted::Taken { .. } => Err(StoreError::RegistrationConflict(parent_id.clone())),
+            return Ok((false, self.parent(parent_id, false).await?));
+        };
+        let (inserted, _) = self
+            .insert_children(&mut tx, parent_id, &registration.children, false)
+            .await?;
+        tx.commit().await?;
+        if completed {
+            self.completed(std::slice::from_ref(parent_id));
         }
+        dispatch!(self, s => s.after_bulk_write(inserted as i64).await)?;
+        Ok((true, self.parent(parent_id, false).await?))
     }
 
-    /// Appends children to a decomposing parent, idempotent per sequence.
+    /// Appends children to a decomposing parent, idempotent per sequence: the
+    /// same content again is a no-op, different content writes nothing.
     pub async fn append(&self, parent_id: &ParentId, children: &[NewChild]) -> StoreResult<Appended> {
-        let inserted = dispatch!(self, s => s.append(parent_id, children).await)?;
+        let mut tx = self.begin().await?;
+        match in_tx!(&mut tx, parents::lock_decomposed(parent_id))? {
+            None => return Err(StoreError::ParentNotFound(parent_id.clone())),
+            Some(true) => return Err(StoreError::ParentDecomposed(parent_id.clone())),
+            Some(false) => {}
+        }
+        let (inserted, skipped) = self.insert_children(&mut tx, parent_id, children, true).await?;
+        let mut differing = Vec::new();
+        for chunk in children.chunks(WRITE_CHUNK) {
+            differing.extend(in_tx!(&mut tx, parents::differing_sequences(parent_id, chunk))?);
+            if differing.len() >= DIFFERING_REPORTED {
+                differing.truncate(DIFFERING_REPORTED);
+                break;
+            }
+        }
+        if !differing.is_empty() {
+            return Err(StoreError::ChildrenConflict {
+                parent_id: parent_id.clone(),
+                sequences: differing,
+            });
+        }
+        in_tx!(&mut tx, parents::count_appended(parent_id, inserted, skipped))?;
+        tx.commit().await?;
+        dispatch!(self, s => s.after_bulk_write(inserted as i64).await)?;
         Ok(Appended {
             inserted,
             existing: children.len() as u64 - inserted,
         })
+    }
+
+    /// Writes children in statements of `WRITE_CHUNK`. Returns how many rows
+    /// were written and how many of those were skipped children.
+    async fn insert_children(
+        &self,
+        tx: &mut Tx,
+        parent_id: &ParentId,
+        children: &[NewChild],
+        idempotent: bool,
+    ) -> StoreResult<(u64, i64)> {
+        let (mut inserted, mut skipped) = (0, 0);
+        for chunk in children.chunks(WRITE_CHUNK) {
+            let (i, s) = in_tx!(&mut *tx, parents::insert_chunk(parent_id, chunk, idempotent))?;
+            inserted += i;
+            skipped += s;
+        }
+        Ok((inserted, skipped))
     }
 
     /// Marks a decomposing parent decomposed when exactly `0..total` are stored;

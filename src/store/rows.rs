@@ -2,22 +2,143 @@
 //! decode the same way, and the small reports its statements return.
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
 
 use crate::ledger::projection::Tally;
-use crate::ledger::{ChildState, ClaimedChild, ParentId, QueueName};
+use crate::ledger::{
+    Child, ChildState, ClaimedChild, Conflict, OpenCounts, Outcome, Parent, ParentId, ParentRow, QueueName,
+    idempotency_key,
+};
+
+/// A row as the ledger reads it. Columns of plain types read the same on
+/// both backends (`row_columns!`); each backend says how it keeps JSON and uuids.
+pub(crate) trait LedgerRow {
+    fn text(&self, column: &str) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, column: &str) -> Result<Option<String>, sqlx::Error>;
+    fn int(&self, column: &str) -> Result<i64, sqlx::Error>;
+    fn int32(&self, column: &str) -> Result<i32, sqlx::Error>;
+    fn opt_int32(&self, column: &str) -> Result<Option<i32>, sqlx::Error>;
+    fn time(&self, column: &str) -> Result<DateTime<Utc>, sqlx::Error>;
+    fn opt_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
+    fn json(&self, column: &str) -> Result<Option<Value>, sqlx::Error>;
+    fn uuid(&self, column: &str) -> Result<Option<Uuid>, sqlx::Error>;
+}
+
+/// The plain-typed `LedgerRow` methods, for a backend row type that decodes them all.
+macro_rules! row_columns {
+    () => {
+        fn text(&self, column: &str) -> Result<String, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn opt_text(&self, column: &str) -> Result<Option<String>, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn int(&self, column: &str) -> Result<i64, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn int32(&self, column: &str) -> Result<i32, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn opt_int32(&self, column: &str) -> Result<Option<i32>, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn time(&self, column: &str) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn opt_time(&self, column: &str) -> Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+    };
+}
+pub(crate) use row_columns;
+
+/// A parent row with its open counts.
+pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Parent, sqlx::Error> {
+    let parent = ParentRow {
+        parent_id: ParentId::from_ledger(row.text("parent_id")?),
+        queue: QueueName::from_ledger(row.text("queue")?),
+        payload: row.json("payload")?,
+        max_attempts: row.opt_int32("max_attempts")?,
+        expired_lease: parse_column(&row.text("expired_lease")?)?,
+        total: row.int("total")?,
+        processed: row.int("processed")?,
+        failed: row.int("failed")?,
+        skipped: row.int("skipped")?,
+        created_at: row.time("created_at")?,
+        decomposed_at: row.opt_time("decomposed_at")?,
+        completed_at: row.opt_time("completed_at")?,
+    };
+    let open = OpenCounts {
+        pending: row.int("open_pending")?,
+        in_flight: row.int("open_in_flight")?,
+        held: row.int("open_held")?,
+    };
+    Ok(parent.into_parent(open, include_payload))
+}
+
+/// A child row (`sql::CHILD_COLUMNS`).
+pub(crate) fn child(row: &impl LedgerRow) -> Result<Child, sqlx::Error> {
+    let parent_id = row.text("parent_id")?;
+    let sequence = row.int("sequence")?;
+    let state: ChildState = parse_column(&row.text("state")?)?;
+    let conflicts: Vec<Conflict> = match row.json("conflicts")? {
+        Some(value) => serde_json::from_value(value).map_err(|e| sqlx::Error::Decode(e.into()))?,
+        None => Vec::new(),
+    };
+    Ok(Child {
+        idempotency_key: idempotency_key(&parent_id, sequence),
+        parent_id: ParentId::from_ledger(parent_id),
+        sequence,
+        key: row.opt_text("key")?,
+        state,
+        payload: row.json("payload")?.unwrap_or(Value::Null),
+        attempts: row.int32("attempts")?,
+        claim_id: row.uuid("claim_id")?,
+        claimed_by: row.opt_text("claimed_by")?,
+        lease_expires_at: row.opt_time("lease_expires_at")?,
+        previous_attempt: row
+            .opt_text("previous_attempt")?
+            .as_deref()
+            .map(parse_column)
+            .transpose()?,
+        available_at: row.opt_time("available_at")?,
+        outcome: Outcome::from_state(state),
+        reason: row.opt_text("reason")?,
+        result: row.json("result")?,
+        outcome_attempt: row.opt_int32("outcome_attempt")?,
+        terminal_at: row.opt_time("terminal_at")?,
+        conflicts,
+    })
+}
+
+/// A child a claim statement leased, with its lease expiry and its parent's queue.
+pub(crate) fn claimed_child(row: &impl LedgerRow) -> Result<(ClaimedChild, DateTime<Utc>, QueueName), sqlx::Error> {
+    let parent_id = row.text("parent_id")?;
+    let sequence = row.int("sequence")?;
+    let child = ClaimedChild {
+        idempotency_key: idempotency_key(&parent_id, sequence),
+        parent_id: ParentId::from_ledger(parent_id),
+        sequence,
+        key: row.opt_text("key")?,
+        payload: row.json("payload")?.unwrap_or(Value::Null),
+        attempt: row.int32("attempts")?,
+        previous_attempt: row
+            .opt_text("previous_attempt")?
+            .as_deref()
+            .map(parse_column)
+            .transpose()?,
+    };
+    Ok((
+        child,
+        row.time("lease_expires_at")?,
+        QueueName::from_ledger(row.text("queue")?),
+    ))
+}
 
 /// Parses a stored enum value, turning a bad one into a decode error.
 pub(crate) fn parse_column<T: std::str::FromStr<Err = String>>(value: &str) -> Result<T, sqlx::Error> {
     value.parse().map_err(|e: String| sqlx::Error::Decode(e.into()))
-}
-
-/// What a registration's insert found.
-#[derive(Debug)]
-pub(crate) enum Inserted {
-    /// Written; `completed` when every child was skipped on a decomposed parent.
-    Created { completed: bool },
-    /// The id is taken, by a registration with this fingerprint; nothing written.
-    Taken { fingerprint: Option<String> },
 }
 
 /// Children one claim statement leased.
@@ -27,6 +148,22 @@ pub(crate) struct Leased {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// The queue of the parents they came from (a claim draws from one queue).
     pub queue: Option<QueueName>,
+}
+
+impl Leased {
+    /// The children of one claim statement, each with its lease expiry and queue.
+    pub fn from_rows(
+        rows: impl Iterator<Item = Result<(ClaimedChild, DateTime<Utc>, QueueName), sqlx::Error>>,
+    ) -> Result<Self, sqlx::Error> {
+        let mut leased = Self::default();
+        for row in rows {
+            let (child, lease_expires_at, queue) = row?;
+            leased.children.push(child);
+            leased.lease_expires_at = Some(lease_expires_at);
+            leased.queue = Some(queue);
+        }
+        Ok(leased)
+    }
 }
 
 /// What one outcome statement did: the writes that won, and the parents that

@@ -74,6 +74,10 @@ pub(crate) const TERMINAL_TALLY: &str = "SELECT count(*) AS total, \
     count(*) FILTER (WHERE state = 'skipped') AS skipped \
     FROM child WHERE parent_id = $1";
 
+/// Adds appended children (`$2`, of which `$3` skipped) to a parent's projection.
+pub(crate) const COUNT_APPENDED: &str =
+    "UPDATE parent SET total = total + $2, skipped = skipped + $3 WHERE parent_id = $1";
+
 /// A seal's census: stored sequences below `$2` and at or past it.
 pub(crate) const SEAL_CENSUS: &str = "SELECT count(*) FILTER (WHERE sequence < $2), \
     count(*) FILTER (WHERE sequence >= $2) FROM child WHERE parent_id = $1";

@@ -2,12 +2,12 @@
 //! of expired leases.
 
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
 use super::{PgStore, rows};
-use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId};
 use crate::store::rows::Leased;
 use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 
@@ -65,13 +65,7 @@ impl PgStore {
             }
             query.fetch_all(&self.pool).await.map_err(Into::into)
         })?;
-        let mut leased = Leased::default();
-        for row in &rows {
-            leased.lease_expires_at = Some(row.try_get::<DateTime<Utc>, _>("lease_expires_at")?);
-            leased.queue = Some(QueueName::from_ledger(row.try_get("queue")?));
-            leased.children.push(rows::claimed_child(row)?);
-        }
-        Ok(leased)
+        Ok(Leased::from_rows(rows.iter().map(rows::claimed_child))?)
     }
 
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {

@@ -78,7 +78,7 @@ impl PgStore {
     /// Keeps the planner's picture of `child` fresh after a bulk write, so the
     /// first claims after a big registration use the pending index instead of a
     /// plan chosen for an empty table.
-    async fn refresh_statistics(&self, rows_written: i64) -> StoreResult<()> {
+    pub async fn after_bulk_write(&self, rows_written: i64) -> StoreResult<()> {
         if rows_written < STATISTICS_MIN_ROWS {
             return Ok(());
         }

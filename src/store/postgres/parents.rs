@@ -5,10 +5,8 @@ use std::sync::LazyLock;
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{PgStore, PgTx, rows};
-use crate::ledger::projection::Tally;
 use crate::ledger::{Child, ChildState, NewChild, Parent, ParentId, QueueName, Registration};
-use crate::store::rows::{Inserted, SealCensus, SealReport};
-use crate::store::{ParentFilter, StoreError, StoreResult, WRITE_CHUNK, sql};
+use crate::store::{ParentFilter, StoreError, StoreResult, sql, steps};
 
 /// The parent row of a registration; no row back when the id is taken.
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
@@ -22,71 +20,6 @@ static REGISTER: LazyLock<String> = LazyLock::new(|| {
 });
 
 impl PgStore {
-    /// Writes a new parent and its children in one transaction, unless the id is taken.
-    pub async fn register(&self, reg: &Registration) -> StoreResult<Inserted> {
-        let mut tx = self.begin().await?;
-        let skipped = reg.children.iter().filter(|c| c.skip.is_some()).count() as i64;
-        let total = reg.children.len() as i64;
-        let completed: Option<bool> = sqlx::query_scalar(AssertSqlSafe(REGISTER.as_str()))
-            .bind(reg.parent_id.as_str())
-            .bind(reg.queue.as_str())
-            .bind(reg.payload.as_ref().map(sqlx::types::Json))
-            .bind(reg.max_attempts)
-            .bind(reg.expired_lease.as_str())
-            .bind(&reg.fingerprint)
-            .bind(total)
-            .bind(skipped)
-            .bind(reg.decomposed)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(completed) = completed else {
-            drop(tx);
-            let stored: Option<String> = sqlx::query_scalar(sql::PARENT_FINGERPRINT)
-                .bind(reg.parent_id.as_str())
-                .fetch_optional(&self.pool)
-                .await?;
-            return Ok(Inserted::Taken { fingerprint: stored });
-        };
-        insert_children(&mut tx, &reg.parent_id, &reg.children, false).await?;
-        tx.commit().await?;
-        self.refresh_statistics(total).await?;
-        Ok(Inserted::Created { completed })
-    }
-
-    pub async fn append(&self, parent_id: &ParentId, children: &[NewChild]) -> StoreResult<u64> {
-        let mut tx = self.begin().await?;
-        match lock_decomposed(&mut tx, parent_id).await? {
-            None => return Err(StoreError::ParentNotFound(parent_id.clone())),
-            Some(true) => return Err(StoreError::ParentDecomposed(parent_id.clone())),
-            Some(false) => {}
-        }
-        let (inserted, inserted_skipped) = insert_children(&mut tx, parent_id, children, true).await?;
-        let differing = differing_sequences(&mut tx, parent_id, children).await?;
-        if !differing.is_empty() {
-            return Err(StoreError::ChildrenConflict {
-                parent_id: parent_id.clone(),
-                sequences: differing,
-            });
-        }
-        sqlx::query("UPDATE parent SET total = total + $2, skipped = skipped + $3 WHERE parent_id = $1")
-            .bind(parent_id.as_str())
-            .bind(inserted as i64)
-            .bind(inserted_skipped)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        self.refresh_statistics(inserted as i64).await?;
-        Ok(inserted)
-    }
-
-    pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> StoreResult<Option<Parent>> {
-        let row = sqlx::query(AssertSqlSafe(sql::PARENT_BY_ID.as_str()))
-            .bind(parent_id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|row| rows::parent(&row, include_payload)).transpose()?)
-    }
-
     /// Up to `fetch` parents matching `filter`, with their list positions.
     pub async fn list_parents(&self, filter: &ParentFilter, fetch: i64) -> StoreResult<Vec<(i64, Parent)>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
@@ -137,32 +70,9 @@ impl PgStore {
         .await?;
         Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
     }
-
-    pub async fn parent_exists(&self, parent_id: &ParentId) -> StoreResult<bool> {
-        let found: Option<i32> = sqlx::query_scalar(sql::PARENT_EXISTS)
-            .bind(parent_id.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(found.is_some())
-    }
-
-    pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<Option<Child>> {
-        child(&self.pool, parent_id, sequence).await
-    }
 }
 
-pub(super) async fn child<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
-    parent_id: &ParentId,
-    sequence: i64,
-) -> StoreResult<Option<Child>> {
-    let row = sqlx::query(AssertSqlSafe(sql::CHILD_BY_KEY.as_str()))
-        .bind(parent_id.as_str())
-        .bind(sequence)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row.map(|row| rows::child(&row)).transpose()?)
-}
+steps::shared_reads!(PgStore, sqlx::Postgres, pool);
 
 /// Locks a parent row; whether it is decomposed, `None` when it is missing.
 pub(in crate::store) async fn lock_decomposed(tx: &mut PgTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {
@@ -174,76 +84,7 @@ pub(in crate::store) async fn lock_decomposed(tx: &mut PgTx, parent_id: &ParentI
     )
 }
 
-pub(in crate::store) async fn seal_census(tx: &mut PgTx, parent_id: &ParentId, total: i64) -> StoreResult<SealCensus> {
-    let (below, beyond): (i64, i64) = sqlx::query_as(sql::SEAL_CENSUS)
-        .bind(parent_id.as_str())
-        .bind(total)
-        .fetch_one(&mut **tx)
-        .await?;
-    Ok(SealCensus { below, beyond })
-}
-
-pub(in crate::store) async fn seal_report(
-    tx: &mut PgTx,
-    parent_id: &ParentId,
-    total: i64,
-    limit: i64,
-) -> StoreResult<SealReport> {
-    let first = sqlx::query_scalar(sql::SEAL_FIRST)
-        .bind(parent_id.as_str())
-        .bind(total)
-        .fetch_one(&mut **tx)
-        .await?;
-    let gaps = sqlx::query_as(sql::SEAL_GAPS)
-        .bind(parent_id.as_str())
-        .bind(total)
-        .bind(limit + 1)
-        .fetch_all(&mut **tx)
-        .await?;
-    let extra = sqlx::query_scalar(sql::SEAL_EXTRA)
-        .bind(parent_id.as_str())
-        .bind(total)
-        .bind(limit)
-        .fetch_all(&mut **tx)
-        .await?;
-    Ok(SealReport { first, gaps, extra })
-}
-
-pub(in crate::store) async fn tally(tx: &mut PgTx, parent_id: &ParentId) -> StoreResult<Tally> {
-    let (total, processed, failed, skipped) = sqlx::query_as(sql::TERMINAL_TALLY)
-        .bind(parent_id.as_str())
-        .fetch_one(&mut **tx)
-        .await?;
-    Ok(Tally {
-        total,
-        processed,
-        failed,
-        skipped,
-    })
-}
-
-/// Marks a parent decomposed with the projection of its rows, complete or not.
-pub(in crate::store) async fn mark_decomposed(
-    tx: &mut PgTx,
-    parent_id: &ParentId,
-    rows: &Tally,
-    complete: bool,
-) -> StoreResult<()> {
-    sqlx::query(
-        "UPDATE parent SET total = $2, processed = $3, failed = $4, skipped = $5, decomposed_at = now(), \
-             completed_at = CASE WHEN $6 THEN now() END \
-         WHERE parent_id = $1",
-    )
-    .bind(parent_id.as_str())
-    .bind(rows.total)
-    .bind(rows.processed)
-    .bind(rows.failed)
-    .bind(rows.skipped)
-    .bind(complete)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
+steps::seal_steps!(PgTx, "now()");
 
 type ChildArrays<'a> = (Vec<i64>, Vec<Option<&'a str>>, Vec<&'a str>, Vec<Option<&'a str>>);
 
@@ -263,44 +104,57 @@ fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
     arrays
 }
 
-/// The first sequences (at most 100) whose stored content differs from the
-/// appended one: while a parent decomposes its rows are untouched, so key,
-/// payload and skip reason are the whole content.
-async fn differing_sequences(tx: &mut PgTx, parent_id: &ParentId, children: &[NewChild]) -> StoreResult<Vec<i64>> {
-    let mut differing = Vec::new();
-    for chunk in children.chunks(WRITE_CHUNK) {
-        let (sequences, keys, payloads, skips) = child_arrays(chunk);
-        let found: Vec<i64> = sqlx::query_scalar(
-            "SELECT u.sequence FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) \
-                 AS u(sequence, key, payload, skip) \
-             JOIN child c ON c.parent_id = $1 AND c.sequence = u.sequence \
-             WHERE c.key IS DISTINCT FROM u.key OR c.payload <> u.payload::jsonb \
-                OR c.reason IS DISTINCT FROM u.skip OR (c.state = 'skipped') <> (u.skip IS NOT NULL) \
-             ORDER BY u.sequence LIMIT 100",
-        )
-        .bind(parent_id.as_str())
-        .bind(&sequences)
-        .bind(&keys)
-        .bind(&payloads)
-        .bind(&skips)
-        .fetch_all(&mut **tx)
-        .await?;
-        differing.extend(found);
-        if differing.len() >= 100 {
-            differing.truncate(100);
-            break;
-        }
-    }
-    Ok(differing)
-}
-
-/// Writes children in statements of `WRITE_CHUNK` from arrays (never one
-/// INSERT per child). With `idempotent`, sequences already present are left
-/// alone. Returns how many rows were written and how many were skipped children.
-async fn insert_children(
+/// The first sequences of a chunk (at most 100) whose stored content differs
+/// from the appended one: while a parent decomposes its rows are untouched, so
+/// key, payload and skip reason are the whole content.
+pub(in crate::store) async fn differing_sequences(
     tx: &mut PgTx,
     parent_id: &ParentId,
-    children: &[NewChild],
+    chunk: &[NewChild],
+) -> StoreResult<Vec<i64>> {
+    let (sequences, keys, payloads, skips) = child_arrays(chunk);
+    Ok(sqlx::query_scalar(
+        "SELECT u.sequence FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) \
+             AS u(sequence, key, payload, skip) \
+         JOIN child c ON c.parent_id = $1 AND c.sequence = u.sequence \
+         WHERE c.key IS DISTINCT FROM u.key OR c.payload <> u.payload::jsonb \
+            OR c.reason IS DISTINCT FROM u.skip OR (c.state = 'skipped') <> (u.skip IS NOT NULL) \
+         ORDER BY u.sequence LIMIT 100",
+    )
+    .bind(parent_id.as_str())
+    .bind(&sequences)
+    .bind(&keys)
+    .bind(&payloads)
+    .bind(&skips)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Writes the parent row of a registration; `None` when the id is taken
+/// (nothing written), else whether it completed at once.
+pub(in crate::store) async fn insert_parent(tx: &mut PgTx, reg: &Registration) -> StoreResult<Option<bool>> {
+    let skipped = reg.children.iter().filter(|c| c.skip.is_some()).count() as i64;
+    Ok(sqlx::query_scalar(AssertSqlSafe(REGISTER.as_str()))
+        .bind(reg.parent_id.as_str())
+        .bind(reg.queue.as_str())
+        .bind(reg.payload.as_ref().map(sqlx::types::Json))
+        .bind(reg.max_attempts)
+        .bind(reg.expired_lease.as_str())
+        .bind(&reg.fingerprint)
+        .bind(reg.children.len() as i64)
+        .bind(skipped)
+        .bind(reg.decomposed)
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
+/// Writes one chunk of children from arrays in one statement (never one
+/// INSERT per child). With `idempotent`, sequences already present are left
+/// alone. Returns how many rows were written and how many were skipped children.
+pub(in crate::store) async fn insert_chunk(
+    tx: &mut PgTx,
+    parent_id: &ParentId,
+    chunk: &[NewChild],
     idempotent: bool,
 ) -> StoreResult<(u64, i64)> {
     let on_conflict = if idempotent {
@@ -308,29 +162,24 @@ async fn insert_children(
     } else {
         ""
     };
-    let (mut inserted, mut skipped) = (0, 0);
-    for chunk in children.chunks(WRITE_CHUNK) {
-        let (sequences, keys, payloads, skips) = child_arrays(chunk);
-        let (i, s): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-            "WITH inserted AS ( \
-                 INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at) \
-                 SELECT $1, u.sequence, u.key, u.payload::jsonb, \
-                     CASE WHEN u.skip IS NULL THEN 'pending' ELSE 'skipped' END, u.skip, \
-                     CASE WHEN u.skip IS NULL THEN NULL ELSE now() END \
-                 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS u(sequence, key, payload, skip) \
-                 {on_conflict} RETURNING state) \
-             SELECT count(*), count(*) FILTER (WHERE state = 'skipped') FROM inserted"
-        )))
-        .bind(parent_id.as_str())
-        .bind(&sequences)
-        .bind(&keys)
-        .bind(&payloads)
-        .bind(&skips)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(|err| StoreError::from_child_insert(err, parent_id))?;
-        inserted += i as u64;
-        skipped += s;
-    }
-    Ok((inserted, skipped))
+    let (sequences, keys, payloads, skips) = child_arrays(chunk);
+    let (inserted, skipped): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "WITH inserted AS ( \
+             INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at) \
+             SELECT $1, u.sequence, u.key, u.payload::jsonb, \
+                 CASE WHEN u.skip IS NULL THEN 'pending' ELSE 'skipped' END, u.skip, \
+                 CASE WHEN u.skip IS NULL THEN NULL ELSE now() END \
+             FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS u(sequence, key, payload, skip) \
+             {on_conflict} RETURNING state) \
+         SELECT count(*), count(*) FILTER (WHERE state = 'skipped') FROM inserted"
+    )))
+    .bind(parent_id.as_str())
+    .bind(&sequences)
+    .bind(&keys)
+    .bind(&payloads)
+    .bind(&skips)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(|err| StoreError::from_child_insert(err, parent_id))?;
+    Ok((inserted as u64, skipped))
 }

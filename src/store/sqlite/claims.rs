@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::outcomes::bump_parents;
 use super::{SqliteStore, now, parents, rows};
 use crate::ledger::projection::Tally;
-use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId};
 use crate::store::rows::Leased;
 use crate::store::{ChildRef, StoreResult, sql};
 
@@ -59,13 +59,7 @@ impl SqliteStore {
         }
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        let mut leased = Leased::default();
-        for row in &rows {
-            leased.lease_expires_at = Some(row.try_get::<DateTime<Utc>, _>("lease_expires_at")?);
-            leased.queue = Some(QueueName::from_ledger(row.try_get("queue")?));
-            leased.children.push(rows::claimed_child(row)?);
-        }
-        Ok(leased)
+        Ok(Leased::from_rows(rows.iter().map(rows::claimed_child))?)
     }
 
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
@@ -121,7 +115,7 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
-        let child = parents::child(&mut *tx, parent_id, sequence).await?;
+        let child = parents::child_in(&mut *tx, parent_id, sequence).await?;
         tx.commit().await?;
         Ok((retried == 1, child))
     }

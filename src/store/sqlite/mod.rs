@@ -83,6 +83,11 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Nothing to refresh: SQLite plans every statement afresh.
+    pub async fn after_bulk_write(&self, _rows_written: i64) -> StoreResult<()> {
+        Ok(())
+    }
+
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         [("sqlite_writer", &self.writer), ("sqlite_readers", &self.readers)]
             .into_iter()

@@ -1,59 +1,11 @@
 //! Reconcile on SQLite: the stored projection, its repair, and the drift scan.
 
-use sqlx::{AssertSqlSafe, Row};
-
 use super::{SqliteStore, SqliteTx, now};
-use crate::ledger::projection::{CompletionRepair, StoredProjection, Tally};
-use crate::ledger::{ParentId, QueueName};
+use crate::ledger::QueueName;
 use crate::store::rows::{DriftPage, DriftRow};
-use crate::store::{StoreResult, sql};
+use crate::store::{StoreResult, steps};
 
-/// The stored projection (the write transaction already holds SQLite's one
-/// write lock). `None` when the parent is missing; the flag says it is decomposed.
-pub(in crate::store) async fn lock_projection(
-    tx: &mut SqliteTx,
-    parent_id: &ParentId,
-) -> StoreResult<Option<(StoredProjection, bool)>> {
-    let row = sqlx::query(sql::STORED_PROJECTION)
-        .bind(parent_id.as_str())
-        .fetch_optional(&mut **tx)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let stored = StoredProjection {
-        total: row.try_get("total")?,
-        processed: row.try_get("processed")?,
-        failed: row.try_get("failed")?,
-        skipped: row.try_get("skipped")?,
-        completed_at: row.try_get("completed_at")?,
-    };
-    Ok(Some((stored, row.try_get("decomposed")?)))
-}
-
-/// Writes the derived projection over the stored one.
-pub(in crate::store) async fn repair(
-    tx: &mut SqliteTx,
-    parent_id: &ParentId,
-    derived: &Tally,
-    completion: CompletionRepair,
-) -> StoreResult<()> {
-    let completed_at = match completion {
-        CompletionRepair::Keep => "completed_at",
-        CompletionRepair::Set => now!(),
-        CompletionRepair::Clear => "NULL",
-    };
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE parent SET total = ?2, processed = ?3, failed = ?4, skipped = ?5, completed_at = {completed_at} \
-         WHERE parent_id = ?1"
-    )))
-    .bind(parent_id.as_str())
-    .bind(derived.total)
-    .bind(derived.processed)
-    .bind(derived.failed)
-    .bind(derived.skipped)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
+steps::projection_steps!(SqliteTx, "", now!());
 
 impl SqliteStore {
     /// One page of the reconcile sweep: the parents after `after` whose stored

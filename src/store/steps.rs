@@ -1,0 +1,235 @@
+//! Steps both backends run with the same SQL (`store::sql`), the same binds
+//! and the same decoding, written once here and stamped into each backend's
+//! module for its own database, pool and transaction types.
+
+/// Reads of one parent or child, as `impl` methods of a backend store:
+/// `shared_reads!(PgStore, Postgres, pool)` reads through `self.pool`.
+macro_rules! shared_reads {
+    ($store:ty, $db:ty, $pool:ident) => {
+        impl $store {
+            pub async fn parent(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+                include_payload: bool,
+            ) -> $crate::store::StoreResult<Option<$crate::ledger::Parent>> {
+                let row = sqlx::query(sqlx::AssertSqlSafe($crate::store::sql::PARENT_BY_ID.as_str()))
+                    .bind(parent_id.as_str())
+                    .fetch_optional(&self.$pool)
+                    .await?;
+                Ok(row.map(|row| rows::parent(&row, include_payload)).transpose()?)
+            }
+
+            /// The registration fingerprint of a parent, if it exists.
+            pub async fn fingerprint(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+            ) -> $crate::store::StoreResult<Option<String>> {
+                Ok(sqlx::query_scalar($crate::store::sql::PARENT_FINGERPRINT)
+                    .bind(parent_id.as_str())
+                    .fetch_optional(&self.$pool)
+                    .await?)
+            }
+
+            pub async fn parent_exists(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+            ) -> $crate::store::StoreResult<bool> {
+                let found: Option<i32> = sqlx::query_scalar($crate::store::sql::PARENT_EXISTS)
+                    .bind(parent_id.as_str())
+                    .fetch_optional(&self.$pool)
+                    .await?;
+                Ok(found.is_some())
+            }
+
+            pub async fn child(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+                sequence: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::ledger::Child>> {
+                child_in(&self.$pool, parent_id, sequence).await
+            }
+        }
+
+        /// One child, read through `executor` (a pool or a transaction).
+        pub(super) async fn child_in<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+            parent_id: &$crate::ledger::ParentId,
+            sequence: i64,
+        ) -> $crate::store::StoreResult<Option<$crate::ledger::Child>> {
+            let row = sqlx::query(sqlx::AssertSqlSafe($crate::store::sql::CHILD_BY_KEY.as_str()))
+                .bind(parent_id.as_str())
+                .bind(sequence)
+                .fetch_optional(executor)
+                .await?;
+            Ok(row.map(|row| rows::child(&row)).transpose()?)
+        }
+    };
+}
+pub(super) use shared_reads;
+
+/// The seal's census, report and mark, and the tally of a parent's rows, as
+/// steps of a write transaction `$tx`; `$now` is the dialect's clock.
+macro_rules! seal_steps {
+    ($tx:ty, $now:expr) => {
+        /// Marks a parent decomposed with the projection of its rows, complete or not.
+        pub(in crate::store) async fn mark_decomposed(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+            rows: &$crate::ledger::projection::Tally,
+            complete: bool,
+        ) -> $crate::store::StoreResult<()> {
+            static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                format!(
+                    "UPDATE parent SET total = $2, processed = $3, failed = $4, skipped = $5, decomposed_at = {now}, \
+                         completed_at = CASE WHEN $6 THEN {now} END \
+                     WHERE parent_id = $1",
+                    now = $now
+                )
+            });
+            sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
+                .bind(parent_id.as_str())
+                .bind(rows.total)
+                .bind(rows.processed)
+                .bind(rows.failed)
+                .bind(rows.skipped)
+                .bind(complete)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+
+        /// Counts appended children into a decomposing parent's projection.
+        pub(in crate::store) async fn count_appended(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+            inserted: u64,
+            skipped: i64,
+        ) -> $crate::store::StoreResult<()> {
+            sqlx::query($crate::store::sql::COUNT_APPENDED)
+                .bind(parent_id.as_str())
+                .bind(inserted as i64)
+                .bind(skipped)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+
+        /// Stored sequences below `total`, and at or past it.
+        pub(in crate::store) async fn seal_census(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+            total: i64,
+        ) -> $crate::store::StoreResult<$crate::store::rows::SealCensus> {
+            let (below, beyond): (i64, i64) = sqlx::query_as($crate::store::sql::SEAL_CENSUS)
+                .bind(parent_id.as_str())
+                .bind(total)
+                .fetch_one(&mut **tx)
+                .await?;
+            Ok($crate::store::rows::SealCensus { below, beyond })
+        }
+
+        /// What a seal mismatch names, `limit` of each at most.
+        pub(in crate::store) async fn seal_report(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+            total: i64,
+            limit: i64,
+        ) -> $crate::store::StoreResult<$crate::store::rows::SealReport> {
+            let first = sqlx::query_scalar($crate::store::sql::SEAL_FIRST)
+                .bind(parent_id.as_str())
+                .bind(total)
+                .fetch_one(&mut **tx)
+                .await?;
+            let gaps = sqlx::query_as($crate::store::sql::SEAL_GAPS)
+                .bind(parent_id.as_str())
+                .bind(total)
+                .bind(limit + 1)
+                .fetch_all(&mut **tx)
+                .await?;
+            let extra = sqlx::query_scalar($crate::store::sql::SEAL_EXTRA)
+                .bind(parent_id.as_str())
+                .bind(total)
+                .bind(limit)
+                .fetch_all(&mut **tx)
+                .await?;
+            Ok($crate::store::rows::SealReport { first, gaps, extra })
+        }
+
+        /// The projection derived from a parent's rows.
+        pub(in crate::store) async fn tally(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+        ) -> $crate::store::StoreResult<$crate::ledger::projection::Tally> {
+            let (total, processed, failed, skipped) = sqlx::query_as($crate::store::sql::TERMINAL_TALLY)
+                .bind(parent_id.as_str())
+                .fetch_one(&mut **tx)
+                .await?;
+            Ok($crate::ledger::projection::Tally {
+                total,
+                processed,
+                failed,
+                skipped,
+            })
+        }
+    };
+}
+pub(super) use seal_steps;
+
+/// The stored projection read for reconcile and its repair, in a write
+/// transaction `$tx`; `$lock` is appended to the read (`FOR UPDATE` where rows
+/// lock one by one) and `$now` is the dialect's clock.
+macro_rules! projection_steps {
+    ($tx:ty, $lock:literal, $now:expr) => {
+        /// Writes the derived projection over the stored one.
+        pub(in crate::store) async fn repair(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+            derived: &$crate::ledger::projection::Tally,
+            completion: $crate::ledger::projection::CompletionRepair,
+        ) -> $crate::store::StoreResult<()> {
+            use $crate::ledger::projection::CompletionRepair;
+            let completed_at = match completion {
+                CompletionRepair::Keep => "completed_at",
+                CompletionRepair::Set => $now,
+                CompletionRepair::Clear => "NULL",
+            };
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE parent SET total = $2, processed = $3, failed = $4, skipped = $5, \
+                     completed_at = {completed_at} WHERE parent_id = $1"
+            )))
+            .bind(parent_id.as_str())
+            .bind(derived.total)
+            .bind(derived.processed)
+            .bind(derived.failed)
+            .bind(derived.skipped)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
+        /// The stored projection, `None` when the parent is missing; the flag
+        /// says it is decomposed.
+        pub(in crate::store) async fn lock_projection(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+        ) -> $crate::store::StoreResult<Option<($crate::ledger::projection::StoredProjection, bool)>> {
+            use sqlx::Row;
+            static SQL: std::sync::LazyLock<String> =
+                std::sync::LazyLock::new(|| format!("{}{}", $crate::store::sql::STORED_PROJECTION, $lock));
+            let row = sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
+                .bind(parent_id.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let stored = $crate::ledger::projection::StoredProjection {
+                total: row.try_get("total")?,
+                processed: row.try_get("processed")?,
+                failed: row.try_get("failed")?,
+                skipped: row.try_get("skipped")?,
+                completed_at: row.try_get("completed_at")?,
+            };
+            Ok(Some((stored, row.try_get("decomposed")?)))
+        }
+    };
+}
+pub(super) use projection_steps;
