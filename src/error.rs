@@ -291,13 +291,7 @@ mod tests {
 
     #[test]
     fn a_lost_database_is_503_and_a_failed_query_500() {
-        for lost in [
-            sqlx::Error::PoolTimedOut,
-            sqlx::Error::PoolClosed,
-            sqlx::Error::WorkerCrashed,
-            sqlx::Error::Protocol("unexpected message on a dead connection".to_owned()),
-            sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
-        ] {
+        for lost in crate::store::lost_database_errors() {
             let err = ApiError::from(StoreError::from(lost));
             assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE, "{err:?}");
             assert_eq!(err.kind(), "database-unavailable");

@@ -120,19 +120,25 @@ macro_rules! retry_transient {
 }
 pub(crate) use retry_transient;
 
+/// Errors a lost database or connection reports, for the tests of every layer.
+#[cfg(test)]
+pub(crate) fn lost_database_errors() -> Vec<sqlx::Error> {
+    vec![
+        sqlx::Error::PoolTimedOut,
+        sqlx::Error::PoolClosed,
+        sqlx::Error::WorkerCrashed,
+        sqlx::Error::Protocol("unexpected message on a dead connection".to_owned()),
+        sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_lost_database_is_unavailable_and_a_failed_query_is_not() {
-        for lost in [
-            sqlx::Error::PoolTimedOut,
-            sqlx::Error::PoolClosed,
-            sqlx::Error::WorkerCrashed,
-            sqlx::Error::Protocol("unexpected message on a dead connection".to_owned()),
-            sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
-        ] {
+        for lost in lost_database_errors() {
             assert!(matches!(StoreError::from(lost), StoreError::Unavailable(_)));
         }
         let failed = StoreError::from(sqlx::Error::ColumnNotFound("total".to_owned()));

@@ -29,6 +29,8 @@ use anyhow::Context;
 use crate::ledger::{Child, ParentId, QueueName};
 
 pub use claims::Claimed;
+#[cfg(test)]
+pub(crate) use error::lost_database_errors;
 pub(crate) use error::retry_transient;
 pub use error::{StoreError, StoreResult};
 use postgres::PgStore;

@@ -2,11 +2,78 @@
 //! and the same decoding, written once here and stamped into each backend's
 //! module for its own database, pool and transaction types.
 
-/// Reads of one parent or child, as `impl` methods of a backend store:
-/// `shared_reads!(PgStore, Postgres, pool)` reads through `self.pool`.
+/// Reads of parents and children, as `impl` methods of a backend store:
+/// `shared_reads!(PgStore, sqlx::Postgres, pool, "now()")` reads through
+/// `self.pool`, with `now()` as the clock. sqlx sends each bound value's type,
+/// so the same `$N` text needs no casts on Postgres.
 macro_rules! shared_reads {
-    ($store:ty, $db:ty, $pool:ident) => {
+    ($store:ty, $db:ty, $pool:ident, $now:expr) => {
         impl $store {
+            /// Up to `fetch` parents matching `filter`, with their list positions.
+            pub async fn list_parents(
+                &self,
+                filter: &$crate::store::ParentFilter,
+                fetch: i64,
+            ) -> $crate::store::StoreResult<Vec<(i64, $crate::ledger::Parent)>> {
+                use sqlx::Row;
+                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    format!(
+                        "{select} \
+                         WHERE ($1 IS NULL OR p.queue = $1) \
+                           AND ($2 IS NULL \
+                                OR ($2 = 'decomposing' AND p.decomposed_at IS NULL) \
+                                OR ($2 = 'active' AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL) \
+                                OR ($2 = 'complete' AND p.completed_at IS NOT NULL)) \
+                           AND ($3 IS NULL OR p.position > $3) \
+                           AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL AND EXISTS ( \
+                                SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
+                                  AND (c.available_at IS NULL OR c.available_at <= {now})))) \
+                         ORDER BY p.position LIMIT $5",
+                        select = $crate::store::sql::PARENT_SELECT,
+                        now = $now
+                    )
+                });
+                let rows = sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(filter.queue.as_ref().map($crate::ledger::QueueName::as_str))
+                    .bind(filter.state.map(|s| s.as_str()))
+                    .bind(filter.after_position)
+                    .bind(filter.resumable)
+                    .bind(fetch)
+                    .fetch_all(&self.$pool)
+                    .await?;
+                Ok(rows
+                    .iter()
+                    .map(|row| Ok((row.try_get::<i64, _>("position")?, rows::parent(row, false)?)))
+                    .collect::<Result<_, sqlx::Error>>()?)
+            }
+
+            /// Up to `fetch` children of a parent after sequence `after`, in
+            /// sequence order, optionally in one state.
+            pub async fn children(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+                state: Option<$crate::ledger::ChildState>,
+                after: Option<i64>,
+                fetch: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::ledger::Child>> {
+                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    format!(
+                        "SELECT {} FROM child c \
+                         WHERE c.parent_id = $1 AND ($2 IS NULL OR c.state = $2) AND ($3 IS NULL OR c.sequence > $3) \
+                         ORDER BY c.sequence LIMIT $4",
+                        $crate::store::sql::CHILD_COLUMNS
+                    )
+                });
+                let rows = sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(parent_id.as_str())
+                    .bind(state.map($crate::ledger::ChildState::as_str))
+                    .bind(after)
+                    .bind(fetch)
+                    .fetch_all(&self.$pool)
+                    .await?;
+                Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
+            }
+
             pub async fn parent(
                 &self,
                 parent_id: &$crate::ledger::ParentId,

@@ -2,11 +2,11 @@
 
 use std::sync::LazyLock;
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use super::{PgStore, PgTx, rows};
-use crate::ledger::{Child, ChildState, NewChild, Parent, ParentId, QueueName, Registration};
-use crate::store::{ParentFilter, StoreError, StoreResult, sql, steps};
+use crate::ledger::{NewChild, ParentId, Registration};
+use crate::store::{StoreError, StoreResult, sql, steps};
 
 /// The parent row of a registration; no row back when the id is taken.
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
@@ -19,60 +19,7 @@ static REGISTER: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-impl PgStore {
-    /// Up to `fetch` parents matching `filter`, with their list positions.
-    pub async fn list_parents(&self, filter: &ParentFilter, fetch: i64) -> StoreResult<Vec<(i64, Parent)>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "{} \
-             WHERE ($1::text IS NULL OR p.queue = $1) \
-               AND ($2::text IS NULL \
-                    OR ($2 = 'decomposing' AND p.decomposed_at IS NULL) \
-                    OR ($2 = 'active' AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL) \
-                    OR ($2 = 'complete' AND p.completed_at IS NOT NULL)) \
-               AND ($3::bigint IS NULL OR p.position > $3) \
-               AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL AND EXISTS ( \
-                    SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
-                      AND (c.available_at IS NULL OR c.available_at <= now())))) \
-             ORDER BY p.position LIMIT $5",
-            sql::PARENT_SELECT
-        )))
-        .bind(filter.queue.as_ref().map(QueueName::as_str))
-        .bind(filter.state.map(|s| s.as_str()))
-        .bind(filter.after_position)
-        .bind(filter.resumable)
-        .bind(fetch)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| Ok((row.try_get::<i64, _>("position")?, rows::parent(row, false)?)))
-            .collect::<Result<_, sqlx::Error>>()?)
-    }
-
-    pub async fn children(
-        &self,
-        parent_id: &ParentId,
-        state: Option<ChildState>,
-        after: Option<i64>,
-        fetch: i64,
-    ) -> StoreResult<Vec<Child>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {} FROM child c \
-             WHERE c.parent_id = $1 AND ($2::text IS NULL OR c.state = $2) AND ($3::bigint IS NULL OR c.sequence > $3) \
-             ORDER BY c.sequence LIMIT $4",
-            sql::CHILD_COLUMNS
-        )))
-        .bind(parent_id.as_str())
-        .bind(state.map(ChildState::as_str))
-        .bind(after)
-        .bind(fetch)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
-    }
-}
-
-steps::shared_reads!(PgStore, sqlx::Postgres, pool);
+steps::shared_reads!(PgStore, sqlx::Postgres, pool, "now()");
 
 /// Locks a parent row; whether it is decomposed, `None` when it is missing.
 pub(in crate::store) async fn lock_decomposed(tx: &mut PgTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {

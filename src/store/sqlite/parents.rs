@@ -3,11 +3,11 @@
 use std::sync::LazyLock;
 
 use serde_json::Value;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use super::{SqliteStore, SqliteTx, now, rows};
-use crate::ledger::{Child, ChildState, NewChild, Parent, ParentId, QueueName, Registration};
-use crate::store::{ParentFilter, StoreError, StoreResult, sql, steps};
+use crate::ledger::{NewChild, ParentId, Registration};
+use crate::store::{StoreError, StoreResult, sql, steps};
 
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -21,61 +21,7 @@ static REGISTER: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-impl SqliteStore {
-    /// Up to `fetch` parents matching `filter`, with their list positions.
-    pub async fn list_parents(&self, filter: &ParentFilter, fetch: i64) -> StoreResult<Vec<(i64, Parent)>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "{select} \
-             WHERE (?1 IS NULL OR p.queue = ?1) \
-               AND (?2 IS NULL \
-                    OR (?2 = 'decomposing' AND p.decomposed_at IS NULL) \
-                    OR (?2 = 'active' AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL) \
-                    OR (?2 = 'complete' AND p.completed_at IS NOT NULL)) \
-               AND (?3 IS NULL OR p.position > ?3) \
-               AND (NOT ?4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL AND EXISTS ( \
-                    SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
-                      AND (c.available_at IS NULL OR c.available_at <= {now})))) \
-             ORDER BY p.position LIMIT ?5",
-            select = sql::PARENT_SELECT,
-            now = now!()
-        )))
-        .bind(filter.queue.as_ref().map(QueueName::as_str))
-        .bind(filter.state.map(|s| s.as_str()))
-        .bind(filter.after_position)
-        .bind(filter.resumable)
-        .bind(fetch)
-        .fetch_all(&self.readers)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| Ok((row.try_get::<i64, _>("position")?, rows::parent(row, false)?)))
-            .collect::<Result<_, sqlx::Error>>()?)
-    }
-
-    pub async fn children(
-        &self,
-        parent_id: &ParentId,
-        state: Option<ChildState>,
-        after: Option<i64>,
-        fetch: i64,
-    ) -> StoreResult<Vec<Child>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {} FROM child c \
-             WHERE c.parent_id = ?1 AND (?2 IS NULL OR c.state = ?2) AND (?3 IS NULL OR c.sequence > ?3) \
-             ORDER BY c.sequence LIMIT ?4",
-            sql::CHILD_COLUMNS
-        )))
-        .bind(parent_id.as_str())
-        .bind(state.map(ChildState::as_str))
-        .bind(after)
-        .bind(fetch)
-        .fetch_all(&self.readers)
-        .await?;
-        Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
-    }
-}
-
-steps::shared_reads!(SqliteStore, sqlx::Sqlite, readers);
+steps::shared_reads!(SqliteStore, sqlx::Sqlite, readers, now!());
 
 /// Whether a parent is decomposed, `None` when it is missing. The write
 /// transaction already holds SQLite's one write lock.
