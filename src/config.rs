@@ -101,6 +101,10 @@ pub struct Limits {
     /// asks: below 20 when a proxy in front cuts idle requests sooner.
     #[arg(long, env = "LEDGER_MAX_WAIT_SECONDS", default_value_t = MAX_WAIT_SECONDS, value_parser = clap::value_parser!(u64).range(0..=MAX_WAIT_SECONDS), global = true)]
     pub max_wait_seconds: u64,
+    /// How often a waiting claim looks again on its own, in case a work
+    /// notification was missed (a replica's `LISTEN` reconnecting).
+    #[arg(long, env = "LEDGER_WAIT_RECHECK_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..), global = true)]
+    pub wait_recheck_ms: u64,
     /// Largest child payload (and retained parent payload), in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024, global = true)]
     pub max_payload_bytes: usize,
@@ -121,6 +125,7 @@ impl Default for Limits {
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 64 * 1024,
             max_wait_seconds: MAX_WAIT_SECONDS,
+            wait_recheck_ms: 2000,
         }
     }
 }
@@ -145,6 +150,7 @@ mod tests {
         assert_eq!(parsed.max_payload_bytes, default.max_payload_bytes);
         assert_eq!(parsed.max_result_bytes, default.max_result_bytes);
         assert_eq!(parsed.max_wait_seconds, default.max_wait_seconds);
+        assert_eq!(parsed.wait_recheck_ms, default.wait_recheck_ms);
     }
 
     #[test]

@@ -56,6 +56,9 @@ pub enum ApiError {
     Unavailable(#[source] sqlx::Error),
     #[error("{0} did not finish within the request timeout")]
     TimedOut(String),
+    /// The service is still reaching its database (or migrating it).
+    #[error("the service is still connecting to its database; retry later")]
+    Starting,
     /// Any other error status from the HTTP layer, kept with its own text.
     #[error("{detail}")]
     Http { status: StatusCode, detail: String },
@@ -97,7 +100,7 @@ impl ApiError {
             | Self::SealMismatch { .. }
             | Self::OutcomeConflict { .. }
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
-            Self::Unavailable(_) | Self::TimedOut(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting => StatusCode::SERVICE_UNAVAILABLE,
             Self::Http { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -122,7 +125,7 @@ impl ApiError {
             Self::SealMismatch { .. } => "seal-mismatch",
             Self::OutcomeConflict { .. } => "outcome-conflict",
             Self::RetryConflict { .. } => "retry-conflict",
-            Self::Unavailable(_) => "database-unavailable",
+            Self::Unavailable(_) | Self::Starting => "database-unavailable",
             Self::TimedOut(_) => "request-timeout",
             Self::Http { .. } => "http-error",
             Self::Internal(_) => "internal",
@@ -146,7 +149,7 @@ impl ApiError {
             Self::SealMismatch { .. } => "Seal does not match the ledger",
             Self::OutcomeConflict { .. } => "A different outcome already won",
             Self::RetryConflict { .. } => "Child cannot be retried",
-            Self::Unavailable(_) => "Database unavailable",
+            Self::Unavailable(_) | Self::Starting => "Database unavailable",
             Self::TimedOut(_) => "Request timed out",
             Self::Http { status, .. } => status.canonical_reason().unwrap_or("Error"),
             Self::Internal(_) => "Internal error",

@@ -1,13 +1,14 @@
-use std::time::Duration;
-
 use std::future::IntoFuture;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+use child_ledger::api::until_ready;
 use child_ledger::config::{Cli, Command, Config, LogFormat};
-use child_ledger::store::{Store, StoreOptions};
+use child_ledger::store::{Store, StoreOptions, backend_of};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
 
 #[tokio::main]
@@ -26,43 +27,56 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
     }
 
+    let backend =
+        backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
     let options = StoreOptions {
         max_connections: config.db_max_connections,
         ..StoreOptions::default()
     };
-    // A SIGTERM while the database is still being waited for is a clean exit too.
-    let store = tokio::select! {
-        store = connect_with_backoff(&config.database_url, &options) => store,
-        () = shutdown_signal() => return Ok(()),
-    };
-    store.migrate().await.context("applying migrations")?;
-    tracing::info!(backend = store.backend(), "ledger ready");
 
-    let state = AppState::new(store, config.limits.clone());
-    let reaper = tokio::spawn(reap_expired_leases(state.clone(), config.reap_interval()));
-    let work_listener = tokio::spawn(listen_for_work(state.clone()));
-    let router = app_with_timeout(state.clone(), Duration::from_secs(config.request_timeout_seconds));
-
+    // The port opens before the database is reached: /healthz answers at once,
+    // /readyz and /v1 answer 503 with Retry-After until the ledger is ready.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     tracing::info!(listen = %config.listen, "serving HTTP");
-
+    let ready = Arc::new(OnceLock::new());
+    let shutdown = Arc::new(tokio::sync::watch::Sender::new(false));
     // On SIGTERM: stop accepting, let waiting claims answer at once, finish
     // what is in flight, and give up on stragglers after the grace period.
-    let stopping = state.clone();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+    let stopping = shutdown.clone();
+    let server = axum::serve(listener, until_ready(ready.clone(), backend)).with_graceful_shutdown(async move {
         shutdown_signal().await;
-        stopping.begin_shutdown();
+        stopping.send_replace(true);
     });
+    let mut server = tokio::spawn(server.into_future());
+
+    // A SIGTERM while the database is still being waited for is a clean exit too.
+    let mut stop = shutdown.subscribe();
+    let store = tokio::select! {
+        store = connect_with_backoff(&config.database_url, &options) => store,
+        _ = stop.wait_for(|stopping| *stopping) => return Ok(server.await??),
+    };
+    store.migrate().await.context("applying migrations")?;
+
+    let mut state = AppState::new(store, config.limits.clone());
+    state.shutdown = shutdown.clone();
+    let reaper = tokio::spawn(reap_expired_leases(state.clone(), config.reap_interval()));
+    let work_listener = tokio::spawn(listen_for_work(state.clone()));
+    let _ = ready.set(app_with_timeout(
+        state,
+        Duration::from_secs(config.request_timeout_seconds),
+    ));
+    tracing::info!(backend, "ledger ready");
+
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
-    let mut shutdown = state.shutdown.subscribe();
+    let mut stop = shutdown.subscribe();
     let deadline = async move {
-        let _ = shutdown.wait_for(|stopping| *stopping).await;
+        let _ = stop.wait_for(|stopping| *stopping).await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        served = server.into_future() => served?,
+        served = &mut server => served??,
         () = deadline => tracing::warn!(grace_seconds = grace.as_secs(), "requests still in flight after the grace period; exiting"),
     }
     reaper.abort();

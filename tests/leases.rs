@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 
 /// Comfortably past a 1 s lease.
 const PAST_LEASE: Duration = Duration::from_millis(2200);
+/// A lease that runs out within a test, in seconds; `PAST_SHORT_LEASE` outlives it.
+const SHORT_LEASE: u64 = 3;
+const PAST_SHORT_LEASE: Duration = Duration::from_millis(3500);
 
 async fn register(app: &TestApp, parent: &str, body: Value) {
     let r = app.put(&format!("/v1/parents/{parent}"), body).await;
@@ -135,7 +138,7 @@ async fn lease_expiry_hands_child_out_again(backend: Backend) {
     let app = spawn_app(backend).await;
     register(&app, "P", json!({"children": children(1)})).await;
 
-    let first = claim(&app, "P", 10, 1, "worker-a").await;
+    let first = claim(&app, "P", 10, 300, "worker-a").await;
     assert_eq!(sequences(&first), [0]);
     let child = &first["children"][0];
     assert_eq!(child["attempt"], 1, "{first}");
@@ -143,9 +146,10 @@ async fn lease_expiry_hands_child_out_again(backend: Backend) {
     assert_eq!(child["idempotency_key"], "P/0", "{first}");
 
     // Under a live lease nobody else gets it.
-    assert!(sequences(&claim(&app, "P", 10, 1, "worker-b").await).is_empty());
+    assert!(sequences(&claim(&app, "P", 10, 300, "worker-b").await).is_empty());
 
-    tokio::time::sleep(PAST_LEASE).await;
+    // The lease runs out (driven by the test, not by a sleep).
+    app.expire_claim(claim_id(&first)).await;
 
     let second = claim(&app, "P", 10, 300, "worker-b").await;
     assert_eq!(sequences(&second), [0], "{second}");
@@ -167,16 +171,18 @@ async fn extend_keeps_the_lease(backend: Backend) {
     let app = spawn_app(backend).await;
     register(&app, "P-ext", json!({"children": children(2)})).await;
 
-    let claimed = claim(&app, "P-ext", 10, 1, "worker-a").await;
+    // A 3-second lease, extended at once: the extension is the next request,
+    // far inside the lease even on a loaded machine.
+    let claimed = claim(&app, "P-ext", 10, SHORT_LEASE, "worker-a").await;
     assert_eq!(sequences(&claimed), [0, 1]);
     let first_expiry = timestamp(&claimed["lease_expires_at"]);
 
-    let extended = extend(&app, claim_id(&claimed), 5).await;
+    let extended = extend(&app, claim_id(&claimed), 60).await;
     assert_eq!(extended["extended"], 2, "{extended}");
     let new_expiry = timestamp(&extended["lease_expires_at"]);
     assert!(new_expiry > first_expiry, "{new_expiry} is not after {first_expiry}");
 
-    tokio::time::sleep(PAST_LEASE).await;
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
 
     let other = claim(&app, "P-ext", 10, 300, "worker-b").await;
     assert!(

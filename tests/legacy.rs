@@ -143,12 +143,16 @@ async fn legacy_append_and_seal(backend: Backend) {
     let r = seal(&app, 101).await;
     assert_problem(&r, StatusCode::CONFLICT);
     assert!(names_sequence(&r.body, 100), "names missing sequence 100: {r:?}");
-    assert!(r.body.to_string().to_lowercase().contains("missing"), "{r:?}");
+    // The lists, read from their own fields: 0..99 are stored, so a seal at
+    // 101 misses exactly 100 and has nothing extra.
+    assert_eq!(r.body["missing"], json!([100]), "{r:?}");
+    assert_eq!(r.body["extra"], json!([]), "{r:?}");
 
     let r = seal(&app, 99).await;
     assert_problem(&r, StatusCode::CONFLICT);
     assert!(names_sequence(&r.body, 99), "names extra sequence 99: {r:?}");
-    assert!(r.body.to_string().to_lowercase().contains("extra"), "{r:?}");
+    assert_eq!(r.body["missing"], json!([]), "{r:?}");
+    assert_eq!(r.body["extra"], json!([99]), "{r:?}");
 
     let r = app.get(&format!("/v1/parents/{PARENT}")).await;
     assert_eq!(r.body["state"], "decomposing", "failed seals change nothing: {r:?}");
@@ -265,8 +269,37 @@ async fn append_with_keys_and_skips(backend: Backend) {
     assert_eq!(skipped["reason"], "bad timestamp", "{skipped}");
 }
 
+/// A seal mismatch names exactly the sequences missing below the total and
+/// the ones stored at or past it, in their own fields.
+async fn seal_mismatch_names_gaps_and_extras(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let r = app.put("/v1/parents/G-1", json!({"decomposed": false})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let stored: Vec<Value> = [0, 1, 5, 9]
+        .map(|s| json!({"sequence": s, "payload": {"n": s}}))
+        .to_vec();
+    let stored = json!({ "children": stored });
+    assert_eq!(
+        app.post("/v1/parents/G-1/children", stored).await.status,
+        StatusCode::OK
+    );
+    for (total, missing, extra) in [
+        (7, json!([2, 3, 4, 6]), json!([9])),
+        (3, json!([2]), json!([5, 9])),
+        (12, json!([2, 3, 4, 6, 7, 8, 10, 11]), json!([])),
+        (0, json!([]), json!([0, 1, 5, 9])),
+    ] {
+        let r = app.post("/v1/parents/G-1/seal", json!({"total": total})).await;
+        assert_problem(&r, StatusCode::CONFLICT);
+        assert_eq!(r.body["missing"], missing, "seal at {total}: {r:?}");
+        assert_eq!(r.body["extra"], extra, "seal at {total}: {r:?}");
+    }
+    assert_eq!(app.get("/v1/parents/G-1").await.body["state"], "decomposing");
+}
+
 both_stores!(
     legacy_append_and_seal,
+    seal_mismatch_names_gaps_and_extras,
     repeated_registration,
     append_with_keys_and_skips
 );

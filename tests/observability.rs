@@ -51,7 +51,7 @@ async fn metrics_count_what_happened(backend: Backend) {
         )
         .await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
-    let _ = by_queue;
+    assert_eq!(by_queue["children"].as_array().map(Vec::len), Some(1), "{by_queue}");
 
     // The reaper (every second in tests) sweeps the abandoned lease.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -124,17 +124,24 @@ async fn metrics_count_what_happened(backend: Backend) {
         Backend::Postgres => "postgres",
         Backend::Sqlite => "sqlite_writer",
     };
-    assert!(
-        expect_sample(
-            &text,
-            &format!("child_ledger_db_pool_max_connections{{pool=\"{pool}\"}}")
-        ) >= 1.0
+    let max = expect_sample(
+        &text,
+        &format!("child_ledger_db_pool_max_connections{{pool=\"{pool}\"}}"),
     );
+    let idle = expect_sample(
+        &text,
+        &format!("child_ledger_db_pool_connections{{pool=\"{pool}\",state=\"idle\"}}"),
+    );
+    let in_use = expect_sample(
+        &text,
+        &format!("child_ledger_db_pool_connections{{pool=\"{pool}\",state=\"in_use\"}}"),
+    );
+    // The pool served every request above, so it holds at least one
+    // connection, and never more than its maximum.
+    assert!(max >= 1.0, "max {max}");
     assert!(
-        expect_sample(
-            &text,
-            &format!("child_ledger_db_pool_connections{{pool=\"{pool}\",state=\"idle\"}}")
-        ) >= 0.0
+        idle + in_use >= 1.0 && idle + in_use <= max,
+        "idle {idle} + in use {in_use}, max {max}"
     );
     for family in [
         "# TYPE child_ledger_http_requests_total counter",
@@ -203,7 +210,13 @@ async fn every_response_carries_a_request_id(backend: Backend) {
 /// A worker long-polling one replica wakes as soon as another replica
 /// registers work: one Postgres NOTIFY per registration, not a recheck.
 async fn long_poll_wakes_across_replicas(backend: Backend) {
-    let a = spawn_app(backend).await;
+    // The waiting claim's own periodic recheck is pushed past its wait, so
+    // only the notification can wake it: the mechanism, not its fallback.
+    let limits = child_ledger::config::Limits {
+        wait_recheck_ms: 60_000,
+        ..child_ledger::config::Limits::default()
+    };
+    let a = spawn_app_with(backend, limits).await;
     // SQLite is one process by design: its "replica" is the same service.
     let b = match backend {
         Backend::Postgres => Some(a.replica().await),
@@ -236,7 +249,7 @@ async fn long_poll_wakes_across_replicas(backend: Backend) {
     let (claim, waited) = waiter.await.unwrap();
     let after_registration = registered.elapsed();
     assert_eq!(claim["children"].as_array().map(Vec::len), Some(3), "{claim}");
-    // The fallback recheck is every 2 s; a woken claim answers well before it.
+    // With the recheck out of the way, only a wake-up answers within the wait.
     assert!(
         after_registration < Duration::from_millis(1500),
         "{backend:?}: the waiting claim answered {after_registration:?} after the registration (waited {waited:?})"

@@ -78,17 +78,16 @@ fn changes(report: &Value) -> &Vec<Value> {
     report["changes"].as_array().expect("changes list")
 }
 
-/// The ids of the drifted parents a sweep lists, whether it lists ids or reports.
+/// The ids of the drifted parents a sweep lists: one report each, as the
+/// contract's `SweepReport.parents` holds.
 fn swept_ids(report: &Value) -> Vec<String> {
     report["parents"]
         .as_array()
         .expect("parents list")
         .iter()
         .map(|p| {
-            p.as_str()
-                .or_else(|| p["parent_id"].as_str())
-                .expect("a parent id or a report with parent_id")
-                .to_owned()
+            assert!(p["changes"].is_array(), "each swept parent is a report: {p}");
+            p["parent_id"].as_str().expect("a report with parent_id").to_owned()
         })
         .collect()
 }

@@ -22,6 +22,8 @@ const BIG: usize = 20_000;
 const CLAIMED: usize = 300;
 /// Outcomes acknowledged well before the signal.
 const EARLY: usize = 20;
+/// Sequences from here to `CLAIMED` form the outcome batch held in flight across the signal.
+const HELD_FROM: usize = CLAIMED - BATCH;
 /// Outcomes per batch posted around the signal (one batch every 2 ms).
 const BATCH: usize = 10;
 /// When the signal is sent, counted from the first of those batches.
@@ -102,6 +104,46 @@ async fn assert_no_drift(client: &reqwest::Client, base: &str, parent: &str) {
     assert_eq!(report["changes"], json!([]), "{parent} drifted: {report}");
 }
 
+type Answered = Result<(StatusCode, Value), reqwest::Error>;
+
+/// Sends `body` with its first half now and its second half only when the
+/// returned sender fires, so the request is in flight for as long as the test
+/// wants; the receiver fires once the first half is on its way.
+fn held_request(
+    client: &reqwest::Client,
+    url: String,
+    method: reqwest::Method,
+    body: &Value,
+) -> (
+    tokio::task::JoinHandle<Answered>,
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let mut head = serde_json::to_vec(body).unwrap();
+    let tail = head.split_off(head.len() / 2);
+    let (head_sent, head_sent_rx) = tokio::sync::oneshot::channel::<()>();
+    let (send_tail, send_tail_rx) = tokio::sync::oneshot::channel::<()>();
+    let body = futures::stream::once(async move {
+        let _ = head_sent.send(());
+        Ok::<_, std::io::Error>(head)
+    })
+    .chain(futures::stream::once(async move {
+        let _ = send_tail_rx.await;
+        Ok(tail)
+    }));
+    let request = client
+        .request(method, url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(reqwest::Body::wrap_stream(body));
+    let answer = tokio::spawn(async move {
+        let response = request.send().await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        Ok((status, body))
+    });
+    (answer, head_sent_rx, send_tail)
+}
+
 async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(backend: Backend) {
     let db = TestDatabase::new(backend).await;
     let mut service = start(&db, "shutdown").await;
@@ -129,7 +171,7 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
     .await;
     assert_eq!(claim["children"].as_array().map(Vec::len), Some(CLAIMED));
     let claim_id = claim["claim_id"].as_str().unwrap().to_owned();
-    let outcome = |sequence: usize, tag: &str| {
+    let outcome = move |sequence: usize, tag: &str| {
         json!({"parent_id": outcomes_parent, "sequence": sequence, "outcome": "processed",
                "result": {"tag": tag}, "claim_id": claim_id})
     };
@@ -158,18 +200,6 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
         "queue": "sd-big",
         "children": (0..BIG).map(|i| json!({"payload": {"n": i}, "key": format!("k-{i}")})).collect::<Vec<_>>(),
     });
-    let mut head = serde_json::to_vec(&registration).unwrap();
-    let tail = head.split_off(head.len() / 2);
-    let (head_sent, head_sent_rx) = tokio::sync::oneshot::channel::<()>();
-    let (send_tail, send_tail_rx) = tokio::sync::oneshot::channel::<()>();
-    let body = futures::stream::once(async move {
-        let _ = head_sent.send(());
-        Ok::<_, std::io::Error>(head)
-    })
-    .chain(futures::stream::once(async move {
-        let _ = send_tail_rx.await;
-        Ok(tail)
-    }));
     // On a connection the server has already accepted and answered on, so
     // the request cannot be left in the listen backlog when the signal comes.
     let streaming = client();
@@ -181,24 +211,36 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
         StatusCode::OK,
     )
     .await;
-    let in_flight = {
-        let request = streaming
-            .put(format!("{base}/v1/parents/{big_parent}"))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(reqwest::Body::wrap_stream(body));
-        tokio::spawn(async move {
-            let response = request.send().await?;
-            let status = response.status();
-            let body: Value = response.json().await?;
-            Ok::<_, reqwest::Error>((status, body))
-        })
-    };
+    let (in_flight, head_sent_rx, send_tail) = held_request(
+        &streaming,
+        format!("{base}/v1/parents/{big_parent}"),
+        Method::PUT,
+        &registration,
+    );
+    // And an outcome batch, held the same way on a connection of its own.
+    let held_batch: Vec<Value> = (HELD_FROM..CLAIMED).map(|s| outcome(s, "held")).collect();
+    let batch_client = client();
+    expect(
+        &batch_client,
+        Method::GET,
+        &format!("{base}/healthz"),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    let (held_post, held_head_rx, send_held_tail) = held_request(
+        &batch_client,
+        format!("{base}/v1/outcomes"),
+        Method::POST,
+        &json!({"outcomes": held_batch}),
+    );
+    held_head_rx.await.unwrap();
     head_sent_rx.await.unwrap();
     // The server has read the headers and is reading the body.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Outcome batches posted every 2 ms around the signal, each on its own connection.
-    let batches: Vec<Vec<Value>> = (EARLY..CLAIMED)
+    let batches: Vec<Vec<Value>> = (EARLY..HELD_FROM)
         .collect::<Vec<_>>()
         .chunks(BATCH)
         .enumerate()
@@ -245,15 +287,23 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
                 refused.is_err(),
                 "a new request was answered after SIGTERM: {refused:?}"
             );
-            // Only now does the in-flight registration get the rest of its body.
+            // Only now do the in-flight registration and batch get the rest of their bodies.
             send_tail.send(()).unwrap();
+            send_held_tail.send(()).unwrap();
             let released = Instant::now();
             let registered = in_flight.await.unwrap();
-            (refused_after, registered, released.elapsed())
+            let held = held_post.await.unwrap();
+            (refused_after, registered, held, released.elapsed())
         },
     );
     let (status, exited_after) = exit;
-    let (refused_after, registered, finished_after_release) = observed;
+    let (refused_after, registered, held, finished_after_release) = observed;
+    // The batch in flight when the signal came was answered, all applied.
+    let (held_status, held_body) = held.expect("the in-flight outcome batch got no answer");
+    assert_eq!(held_status, StatusCode::OK, "the in-flight outcome batch: {held_body}");
+    let held_results = held_body["results"].as_array().unwrap();
+    assert_eq!(held_results.len(), CLAIMED - HELD_FROM, "{held_body}");
+    assert!(held_results.iter().all(|r| r["status"] == "applied"), "{held_body}");
     let (status_code, registered) = registered.expect("the in-flight registration got no answer");
     assert_eq!(
         status_code,
@@ -263,8 +313,11 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
     assert_eq!(registered["counts"]["total"], BIG, "{registered}");
     assert!(status.success(), "exit status after SIGTERM: {status}");
 
-    let mut acknowledged: Vec<(usize, String)> = (0..EARLY).map(|s| (s, "early".to_owned())).collect();
-    let (mut acked_batches, mut refused_batches, mut other) = (0, 0, Vec::new());
+    let mut acknowledged: Vec<(usize, String)> = (0..EARLY)
+        .map(|s| (s, "early".to_owned()))
+        .chain((HELD_FROM..CLAIMED).map(|s| (s, "held".to_owned())))
+        .collect();
+    let (mut acked_batches, mut refused_batches, mut cut_batches, mut other) = (0, 0, 0, Vec::new());
     for (b, posted) in posted.into_iter().enumerate() {
         match posted.await.unwrap() {
             Ok((StatusCode::OK, body)) => {
@@ -276,12 +329,16 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
                 }
             }
             Ok((status, body)) => other.push(format!("batch {b}: {status} {body}")),
-            Err(_) => refused_batches += 1,
+            // Connecting after the listener closed: refused, nothing written.
+            Err(err) if err.is_connect() => refused_batches += 1,
+            // Accepted, but closed before the request was read: not acknowledged.
+            Err(err) if err.is_request() => cut_batches += 1,
+            Err(err) => other.push(format!("batch {b}: {err}")),
         }
     }
     assert!(
         other.is_empty(),
-        "answers that are neither 200 nor a refused connection: {other:?}"
+        "answers that are neither 200, a refused connection, nor a connection closed unread: {other:?}"
     );
 
     // The same database, a new process: everything acknowledged is there.
@@ -362,7 +419,8 @@ async fn sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes(bac
     eprintln!(
         "{backend:?} shutdown: new connections refused {:.2} s after SIGTERM; the in-flight {BIG}-child registration \
          answered 201 {:.2} s after its body was released; exited 0 {:.2} s after SIGTERM; {} outcomes acknowledged \
-         ({acked_batches} batches around the signal, {refused_batches} refused), all durable after restart",
+         ({acked_batches} batches around the signal and one held across it, {refused_batches} refused, {cut_batches} \
+         closed unread), all durable after restart",
         refused_after.as_secs_f64(),
         finished_after_release.as_secs_f64(),
         exited_after.as_secs_f64(),

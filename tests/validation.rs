@@ -118,6 +118,7 @@ fn tight_limits() -> Limits {
         max_payload_bytes: 256,
         max_result_bytes: 128,
         max_wait_seconds: 20,
+        wait_recheck_ms: 2000,
     }
 }
 

@@ -68,8 +68,10 @@ await runBenchmark({
     if (before.created !== N || Object.keys(before).length !== 1) {
       throw new Error(`expected ${N} created jobs, found ${JSON.stringify(before)}`);
     }
-    // Fresh planner statistics, as a long-running production table would have.
-    await client.query("analyze pgboss.job");
+    // The same settle step as child-ledger's side of the ratio: fresh
+    // statistics, dead tuples vacuumed, dirty pages written back.
+    await client.query("vacuum analyze");
+    await client.query("checkpoint");
     log(`enqueued ${N} jobs in ${enqueueSeconds.toFixed(3)}s`);
 
     // ---- drain (measured) ----

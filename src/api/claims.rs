@@ -29,11 +29,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(release_claim))
 }
 
-/// Work is announced in this process and, through Postgres `NOTIFY`, by every
-/// replica; in case an announcement is missed (the listener reconnecting), a
-/// waiting claim still looks again this often.
-const WAIT_RECHECK: Duration = Duration::from_secs(2);
-
 /// Ask for a leased chunk. Every member is optional.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -114,8 +109,12 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
             }
             return Ok(Json(claimed.claim));
         }
+        // Work is announced in this process and, through Postgres `NOTIFY`, by
+        // every replica; in case an announcement is missed (the listener
+        // reconnecting), a waiting claim still looks again on its own.
+        let recheck = Duration::from_millis(state.limits.wait_recheck_ms);
         tokio::select! {
-            _ = tokio::time::timeout((deadline - now).min(WAIT_RECHECK), woken) => {}
+            _ = tokio::time::timeout((deadline - now).min(recheck), woken) => {}
             _ = shutdown.wait_for(|stopping| *stopping) => {}
         }
     }

@@ -10,6 +10,7 @@ mod ops;
 mod outcomes;
 mod parents;
 mod reconcile;
+mod starting;
 pub mod validate;
 pub mod whole;
 
@@ -27,6 +28,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::AppState;
 use crate::config::Limits;
 use crate::error::ApiError;
+pub use starting::until_ready;
 
 /// All routes with their OpenAPI description, before state is attached.
 pub fn routes() -> OpenApiRouter<AppState> {

@@ -34,6 +34,10 @@ pub(crate) use error::lost_database_errors;
 pub(crate) use error::retry_transient;
 pub use error::{StoreError, StoreResult};
 use postgres::PgStore;
+/// The Postgres claim statements, exactly as claims run them, for an operator
+/// (or a test) to `EXPLAIN`. Binds: `$1` parent id or queue, `$2` limit, `$3`
+/// claim id, `$4` worker, `$5` lease seconds, and for a parent `$6` the floor.
+pub use postgres::claims::{PARENT_CLAIM as POSTGRES_PARENT_CLAIM, QUEUE_CLAIM as POSTGRES_QUEUE_CLAIM};
 use sqlite::SqliteStore;
 
 /// How many children one bulk statement writes or compares: a 100,000-child
@@ -167,6 +171,17 @@ impl WorkListener {
     }
 }
 
+/// The backend a database URL names: `postgres` or `sqlite`.
+pub fn backend_of(url: &str) -> Option<&'static str> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Some("postgres")
+    } else if url.starts_with("sqlite:") {
+        Some("sqlite")
+    } else {
+        None
+    }
+}
+
 impl Store {
     /// Connects to `postgres://…` or `sqlite://…` (the SQLite file is created if missing).
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
@@ -174,12 +189,10 @@ impl Store {
     }
 
     pub async fn connect_with(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
-        let db = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Db::Postgres(PgStore::connect(url, options).await.context("connecting to Postgres")?)
-        } else if url.starts_with("sqlite:") {
-            Db::Sqlite(SqliteStore::connect(url, options).await.context("opening SQLite")?)
-        } else {
-            anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…")
+        let db = match backend_of(url) {
+            Some("postgres") => Db::Postgres(PgStore::connect(url, options).await.context("connecting to Postgres")?),
+            Some(_) => Db::Sqlite(SqliteStore::connect(url, options).await.context("opening SQLite")?),
+            None => anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…"),
         };
         Ok(Self {
             db,

@@ -328,6 +328,17 @@ impl TestApp {
         self.db.execute_raw(sql).await.expect("raw sql");
     }
 
+    /// Makes every live lease of a claim run out now, as if its time had
+    /// passed: tests whose point is expiry drive it, instead of sleeping past
+    /// a short lease that a slow machine may also outlive elsewhere.
+    pub async fn expire_claim(&self, claim_id: &str) {
+        self.exec(&format!(
+            "UPDATE child SET lease_expires_at = '2000-01-01T00:00:00.000Z' \
+             WHERE claim_id = '{claim_id}' AND state = 'in_flight'"
+        ))
+        .await;
+    }
+
     /// Runs a scalar count query (`SELECT count(*) ...`) against the test's database.
     pub async fn count(&self, sql: &str) -> i64 {
         self.db.count_raw(sql).await.expect("raw count")

@@ -1,6 +1,8 @@
 //! Claims on Postgres: the lease pick, extend, release, retry and the sweep
 //! of expired leases.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
@@ -11,46 +13,57 @@ use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId};
 use crate::store::rows::Leased;
 use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 
+/// The claim statement: one pick that locks the lowest claimable sequences,
+/// skipping rows another claimer holds, and the `UPDATE` that leases them.
+/// Binds: `$1` scope key, `$2` limit, `$3` claim id, `$4` worker, `$5` lease
+/// seconds, and for a parent `$6` the floor.
+fn claim_statement(pick: &str) -> String {
+    format!(
+        "WITH picked AS ({pick}) \
+         UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
+             claim_id = $3, \
+             claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), available_at = NULL \
+         FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
+         RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, \
+             c.lease_expires_at, picked.queue"
+    )
+}
+
+/// The claim statement of a parent-scoped claim (see `claim_statement`).
+pub static PARENT_CLAIM: LazyLock<String> = LazyLock::new(|| {
+    claim_statement(
+        "SELECT c.parent_id, c.sequence, p.queue FROM parent p JOIN child c ON c.parent_id = p.parent_id \
+         WHERE p.parent_id = $1 AND p.decomposed_at IS NOT NULL \
+           AND c.state = 'pending' AND c.sequence >= $6 \
+           AND (c.available_at IS NULL OR c.available_at <= now()) \
+         ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED",
+    )
+});
+
+/// The claim statement of a queue claim (see `claim_statement`).
+pub static QUEUE_CLAIM: LazyLock<String> = LazyLock::new(|| {
+    claim_statement(
+        "SELECT c.parent_id, c.sequence, p.queue FROM parent p \
+         CROSS JOIN LATERAL ( \
+             SELECT c.parent_id, c.sequence FROM child c \
+             WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
+               AND (c.available_at IS NULL OR c.available_at <= now()) \
+             ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED) c \
+         WHERE p.queue = $1 AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL \
+         ORDER BY p.position LIMIT $2",
+    )
+});
+
 impl PgStore {
     /// Leases up to `limit` claimable children of the request's scope, from
     /// sequence `floor` up for a parent-scoped claim.
     pub async fn claim(&self, request: &ClaimRequest, limit: i64, floor: i64) -> StoreResult<Leased> {
-        // The pick is one statement: lock the lowest claimable sequences, skipping
-        // rows another claimer holds, and lease them in the same UPDATE.
-        let pick = match &request.scope {
-            ClaimScope::Parent(_) => {
-                "SELECT c.parent_id, c.sequence, p.queue FROM parent p JOIN child c ON c.parent_id = p.parent_id \
-                 WHERE p.parent_id = $1 AND p.decomposed_at IS NOT NULL \
-                   AND c.state = 'pending' AND c.sequence >= $6 \
-                   AND (c.available_at IS NULL OR c.available_at <= now()) \
-                 ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED"
-            }
-            ClaimScope::Queue(_) => {
-                "SELECT c.parent_id, c.sequence, p.queue FROM parent p \
-                 CROSS JOIN LATERAL ( \
-                     SELECT c.parent_id, c.sequence FROM child c \
-                     WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
-                       AND (c.available_at IS NULL OR c.available_at <= now()) \
-                     ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED) c \
-                 WHERE p.queue = $1 AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL \
-                 ORDER BY p.position LIMIT $2"
-            }
+        let (sql, scope_key) = match &request.scope {
+            ClaimScope::Parent(parent_id) => (&*PARENT_CLAIM, parent_id.as_str()),
+            ClaimScope::Queue(queue) => (&*QUEUE_CLAIM, queue.as_str()),
         };
-        let scope_key = match &request.scope {
-            ClaimScope::Parent(parent_id) => parent_id.as_str(),
-            ClaimScope::Queue(queue) => queue.as_str(),
-        };
-        let sql = format!(
-            "WITH picked AS ({pick}) \
-             UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
-                 claim_id = $3, \
-                 claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), available_at = NULL \
-             FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
-             RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, \
-                 c.lease_expires_at, picked.queue"
-        );
         let rows = retry_transient!({
-            let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+            let mut query = sqlx::query(AssertSqlSafe(sql.as_str()))
                 .bind(scope_key)
                 .bind(limit)
                 .bind(request.claim_id)

@@ -13,21 +13,23 @@ use crate::store::rows::{Applied, LoserFacts, parse_column};
 use crate::store::{StoreResult, retry_transient, sql};
 
 /// Adds a `deltas (parent_id, processed, failed, skipped)` CTE's counts to
-/// their parents and completes those whose last child just went terminal.
-/// Each parent row is locked first (`locked`), so `bumped` knows whether it
-/// was open before: `bumped (parent_id, completed)` names the parents this
-/// statement completed, and no other statement can claim the same completion.
+/// their parents and completes those whose last child just went terminal;
+/// `bumped (parent_id, completed)` names the parents this statement completed.
+/// The `CASE` sees the row as it stands under the update's lock, so only one
+/// statement sets `completed_at`; `completed` holds where it was set to this
+/// transaction's `now()` and the counts before this statement's delta were
+/// short of the total (so another transaction that started in the same
+/// microsecond and completed it first is not counted twice).
 pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "locked AS ( \
-             SELECT p.parent_id, p.completed_at FROM parent p JOIN deltas d ON d.parent_id = p.parent_id \
-             FOR UPDATE OF p), \
-         bumped AS ( \
+        "bumped AS ( \
              UPDATE parent p SET processed = p.processed + d.processed, failed = p.failed + d.failed, \
                  skipped = p.skipped + d.skipped, \
                  completed_at = CASE WHEN p.completed_at IS NULL AND {} THEN now() ELSE p.completed_at END \
-             FROM deltas d, locked l WHERE p.parent_id = d.parent_id AND l.parent_id = p.parent_id \
-             RETURNING p.parent_id, l.completed_at IS NULL AND p.completed_at IS NOT NULL AS completed)",
+             FROM deltas d WHERE p.parent_id = d.parent_id \
+             RETURNING p.parent_id, p.completed_at = now() \
+                 AND p.processed + p.failed + p.skipped - d.processed - d.failed - d.skipped < p.total \
+                 AS completed)",
         sql::complete(
             "p.decomposed_at IS NOT NULL",
             "p.processed + d.processed + p.failed + d.failed + p.skipped + d.skipped",

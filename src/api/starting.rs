@@ -1,0 +1,33 @@
+//! What the service answers while it is still reaching its database. The
+//! port opens at once, so a liveness probe sees a live process and does not
+//! restart it in a loop; readiness and every other route answer `503` with
+//! `Retry-After` until the ledger is connected and migrated.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::Request;
+use axum::routing::get;
+use axum::{Json, Router};
+use tower::ServiceExt;
+
+use super::ops::Health;
+use crate::error::ApiError;
+
+/// Serves `ready` once it is set, and the starting answers until then.
+pub fn until_ready(ready: Arc<OnceLock<Router>>, backend: &'static str) -> Router {
+    let starting = Router::new()
+        .route(
+            "/healthz",
+            get(move || async move {
+                Json(Health {
+                    status: "ok".to_owned(),
+                    store: backend.to_owned(),
+                })
+            }),
+        )
+        .fallback(|| async { ApiError::Starting });
+    Router::new().fallback_service(tower::service_fn(move |request: Request| {
+        let router = ready.get().cloned().unwrap_or_else(|| starting.clone());
+        async move { router.oneshot(request).await }
+    }))
+}
