@@ -9,9 +9,9 @@ use utoipa_axum::routes;
 
 use super::extract::{AppJson, AppQuery, parent_id_param, sequence_param};
 use super::validate::page_limit;
-use crate::AppState;
 use crate::error::{ApiResult, Problem};
 use crate::ledger::{Child, ChildState, ParentId};
+use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -15,10 +15,10 @@ use uuid::Uuid;
 use super::extract::{AppJson, claim_id_param, parent_id_param, queue_param};
 use super::validate::{MAX_WORKER_CHARS, in_range, max_chars};
 use super::whole;
-use crate::AppState;
 use crate::config::{Limits, MAX_WAIT_SECONDS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::state::AppState;
 use crate::store::ChildRef;
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -7,9 +7,9 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use crate::AppState;
 use crate::error::ApiError;
 use crate::ledger::{ParentId, QueueName};
+use crate::state::AppState;
 
 /// A JSON body. An empty body reads as `{}`, so endpoints whose fields are all
 /// optional can be called without one.

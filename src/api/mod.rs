@@ -25,9 +25,9 @@ use tower_http::timeout::TimeoutLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::AppState;
 use crate::config::Limits;
 use crate::error::ApiError;
+use crate::state::AppState;
 pub use starting::until_ready;
 
 /// All routes with their OpenAPI description, before state is attached.

@@ -12,10 +12,10 @@ use uuid::Uuid;
 use super::extract::{AppJson, parent_id_param, sequence_param};
 use super::validate::{MAX_REASON_CHARS, json_bytes, max_bytes, max_chars};
 use super::whole;
-use crate::AppState;
 use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
+use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -15,11 +15,11 @@ use utoipa_axum::routes;
 use super::extract::{AppJson, AppQuery, parent_id_param};
 use super::validate::{ChildChecker, child_count, in_range, json_bytes, max_bytes, null_payload, page_limit};
 use super::whole;
-use crate::AppState;
 use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
 use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentId, ParentState, QueueName, Registration};
+use crate::state::AppState;
 use crate::store::ParentFilter;
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -9,9 +9,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{AppJson, parent_id_param};
-use crate::AppState;
 use crate::error::{ApiResult, Problem};
 use crate::ledger::{ParentId, QueueName, ReconcileReport, SweepReport};
+use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

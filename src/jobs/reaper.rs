@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// Sweeps expired leases every `interval` until the process ends, waking
 /// long-polling claimers when children became claimable again.

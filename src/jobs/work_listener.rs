@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// Listens for other replicas' work notifications (Postgres `LISTEN`) and
 /// reconnects with backoff when the database goes away. Returns at once on

@@ -1,0 +1,53 @@
+//! What every handler and background loop shares.
+
+use std::sync::Arc;
+
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub limits: Arc<Limits>,
+    /// Wakes long-polling claims in this process when work may have become
+    /// claimable (a registration, seal, release, retry or expired lease, here
+    /// or, through Postgres `NOTIFY`, on another replica).
+    pub work_signal: Arc<tokio::sync::Notify>,
+    pub metrics: Arc<Metrics>,
+    /// Set once on SIGTERM: waiting claims answer at once instead of holding on.
+    pub shutdown: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl AppState {
+    pub fn new(store: Store, limits: Limits) -> Self {
+        Self {
+            store,
+            limits: Arc::new(limits),
+            work_signal: Arc::new(tokio::sync::Notify::new()),
+            metrics: Arc::default(),
+            shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+
+    /// Work may have become claimable: wake this process's waiting claims now
+    /// and, with one `NOTIFY` (never one per child), every other replica's.
+    pub fn signal_work(&self) {
+        self.work_signal.notify_waiters();
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.notify_work().await {
+                tracing::debug!(error = %err, "work notification not sent; other replicas recheck on their own");
+            }
+        });
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
