@@ -229,6 +229,7 @@ struct Answer {
     status: StatusCode,
     content_type: String,
     retry_after: Option<String>,
+    request_id: Option<String>,
     body: Value,
     took: Duration,
 }
@@ -267,6 +268,7 @@ impl Http {
         let status = response.status();
         let content_type = header(reqwest::header::CONTENT_TYPE).unwrap_or_default();
         let retry_after = header(reqwest::header::RETRY_AFTER);
+        let request_id = header(reqwest::header::HeaderName::from_static("x-request-id"));
         let bytes = response.bytes().await?;
         let body = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
@@ -274,6 +276,7 @@ impl Http {
             status,
             content_type,
             retry_after,
+            request_id,
             body,
             took: started.elapsed(),
         })
@@ -750,7 +753,12 @@ async fn started_while_database_is_down_retries_with_backoff_then_serves() {
         "/healthz while the database is down: {healthz:?}"
     );
     assert_eq!(healthz.body["status"], "ok", "{healthz:?}");
+    assert!(
+        healthz.request_id.is_some(),
+        "no x-request-id while starting: {healthz:?}"
+    );
     let ready = http.get("/readyz").await;
+    assert!(ready.request_id.is_some(), "no x-request-id while starting: {ready:?}");
     assert_eq!(
         unavailable_violation(&ready),
         None,

@@ -9,8 +9,10 @@ use axum::extract::Request;
 use axum::routing::get;
 use axum::{Json, Router};
 use tower::ServiceExt;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
 use super::ops::Health;
+use crate::REQUEST_ID;
 use crate::error::ApiError;
 
 /// Serves `ready` once it is set, and the starting answers until then.
@@ -25,7 +27,9 @@ pub fn until_ready(ready: Arc<OnceLock<Router>>, backend: &'static str) -> Route
                 })
             }),
         )
-        .fallback(|| async { ApiError::Starting });
+        .fallback(|| async { ApiError::Starting })
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid));
     Router::new().fallback_service(tower::service_fn(move |request: Request| {
         let router = ready.get().cloned().unwrap_or_else(|| starting.clone());
         async move { router.oneshot(request).await }
