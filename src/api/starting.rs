@@ -25,7 +25,8 @@ pub fn until_ready(ready: Arc<OnceLock<Router>>, backend: &'static str) -> Route
                     status: "ok".to_owned(),
                     store: backend.to_owned(),
                 })
-            }),
+            })
+            .fallback(|| async { ApiError::Starting }),
         )
         .fallback(|| async { ApiError::Starting })
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))

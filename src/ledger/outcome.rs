@@ -41,13 +41,20 @@ pub fn credited_attempt(
 }
 
 /// Why a write that did not win lost, from what the ledger holds for its
-/// child: whether the parent exists and is decomposed, and the child's state.
-pub fn losing_status(parent_decomposed: Option<bool>, state: Option<ChildState>, outcome: Outcome) -> OutcomeStatus {
+/// child now: whether the parent exists and is decomposed, and the child's
+/// state. `None`: nothing made it lose any more (its parent was sealed, or its
+/// child appended, since the write was tried), so it is tried again.
+pub fn losing_status(
+    parent_decomposed: Option<bool>,
+    state: Option<ChildState>,
+    outcome: Outcome,
+) -> Option<OutcomeStatus> {
     match (parent_decomposed, state) {
-        (None, _) | (_, None) => OutcomeStatus::NotFound,
-        (Some(false), _) => OutcomeStatus::NotDecomposed,
-        (Some(true), Some(state)) if state == outcome.state() => OutcomeStatus::Duplicate,
-        (Some(true), Some(_)) => OutcomeStatus::Conflict,
+        (None, _) | (_, None) => Some(OutcomeStatus::NotFound),
+        (Some(false), _) => Some(OutcomeStatus::NotDecomposed),
+        (Some(true), Some(state)) if !state.is_terminal() => None,
+        (Some(true), Some(state)) if state == outcome.state() => Some(OutcomeStatus::Duplicate),
+        (Some(true), Some(_)) => Some(OutcomeStatus::Conflict),
     }
 }
 
@@ -89,14 +96,22 @@ mod tests {
     fn losers_are_told_why() {
         use OutcomeStatus::*;
         let processed = Some(ChildState::Processed);
-        assert_eq!(losing_status(None, None, Outcome::Processed), NotFound);
-        assert_eq!(losing_status(Some(true), None, Outcome::Processed), NotFound);
+        assert_eq!(losing_status(None, None, Outcome::Processed), Some(NotFound));
+        assert_eq!(losing_status(Some(true), None, Outcome::Processed), Some(NotFound));
         assert_eq!(
             losing_status(Some(false), Some(ChildState::Pending), Outcome::Processed),
-            NotDecomposed
+            Some(NotDecomposed)
         );
-        assert_eq!(losing_status(Some(true), processed, Outcome::Processed), Duplicate);
-        assert_eq!(losing_status(Some(true), processed, Outcome::Failed), Conflict);
+        assert_eq!(
+            losing_status(Some(true), processed, Outcome::Processed),
+            Some(Duplicate)
+        );
+        assert_eq!(losing_status(Some(true), processed, Outcome::Failed), Some(Conflict));
+        // Sealed (or appended) since the write was tried: a non-terminal child
+        // is no conflict; the write is tried again.
+        for open in [ChildState::Pending, ChildState::InFlight, ChildState::Held] {
+            assert_eq!(losing_status(Some(true), Some(open), Outcome::Failed), None);
+        }
     }
 
     #[test]

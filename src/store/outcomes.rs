@@ -8,6 +8,9 @@ use super::{Db, Store, StoreResult, Tx, dispatch, in_tx, retry_transient};
 use crate::ledger::outcome::{losing_status, rounds};
 use crate::ledger::{OutcomeStatus, OutcomeWrite};
 
+/// How often a round is tried while its losers find their children open.
+const ROUND_TRIES: usize = 3;
+
 impl Store {
     /// Records terminal outcomes; the statuses come back in request order. A
     /// child named twice is recorded once: the later item goes in a later
@@ -27,34 +30,56 @@ impl Store {
         Ok(statuses)
     }
 
-    /// Records writes that each name a different child.
+    /// Records writes that each name a different child. The winners commit
+    /// first; the losers are then told why. A loser whose child is open by
+    /// then (its parent was sealed, or the child appended, in between) lost
+    /// to nothing: it is tried again, a few times at most.
     async fn record_round(&self, writes: &[OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
-        let applied = dispatch!(self, s => s.apply_outcomes(writes).await)?;
-        self.completed(&applied.completed);
         let mut statuses = vec![OutcomeStatus::Applied; writes.len()];
-        if applied.won.len() < writes.len() {
+        let mut trying: Vec<usize> = (0..writes.len()).collect();
+        for _ in 0..ROUND_TRIES {
+            let batch: Vec<OutcomeWrite> = trying.iter().map(|&i| writes[i].clone()).collect();
+            let applied = dispatch!(self, s => s.apply_outcomes(&batch).await)?;
+            self.completed(&applied.completed);
+            if applied.won.len() == batch.len() {
+                return Ok(statuses);
+            }
             let won: HashSet<(&str, i64)> = applied.won.iter().map(|(p, s)| (p.as_str(), *s)).collect();
-            let lost: Vec<usize> = (0..writes.len())
+            let lost: Vec<usize> = trying
+                .into_iter()
                 .filter(|&i| !won.contains(&(writes[i].parent_id.as_str(), writes[i].sequence)))
                 .collect();
             let losers: Vec<&OutcomeWrite> = lost.iter().map(|&i| &writes[i]).collect();
             let told = retry_transient!(self.classify_losers(&losers).await)?;
+            trying = Vec::new();
             for (i, status) in lost.into_iter().zip(told) {
-                statuses[i] = status;
+                match status {
+                    Some(status) => statuses[i] = status,
+                    None => trying.push(i),
+                }
             }
+            if trying.is_empty() {
+                return Ok(statuses);
+            }
+        }
+        // Still open after every try: the parent keeps changing under the
+        // write; say so as a refusal the client can retry.
+        for i in trying {
+            statuses[i] = OutcomeStatus::NotDecomposed;
         }
         Ok(statuses)
     }
 
-    /// Why each write that did not win lost, logging the conflicting ones in
-    /// the child's conflict log, in one transaction.
-    async fn classify_losers(&self, losers: &[&OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
+    /// Why each write that did not win lost (`None`: it can still win),
+    /// logging the conflicting ones in the child's conflict log, in one
+    /// transaction.
+    async fn classify_losers(&self, losers: &[&OutcomeWrite]) -> StoreResult<Vec<Option<OutcomeStatus>>> {
         let mut tx = self.begin().await?;
         let facts = in_tx!(&mut tx, outcomes::loser_facts(losers))?;
         let mut statuses = Vec::with_capacity(losers.len());
         for (write, facts) in losers.iter().zip(facts) {
             let status = losing_status(facts.parent_decomposed, facts.state, write.outcome);
-            if status == OutcomeStatus::Conflict {
+            if status == Some(OutcomeStatus::Conflict) {
                 in_tx!(&mut tx, outcomes::log_conflict(write))?;
             }
             statuses.push(status);
