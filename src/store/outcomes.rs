@@ -37,9 +37,17 @@ impl Store {
     async fn record_round(&self, writes: &[OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
         let mut statuses = vec![OutcomeStatus::Applied; writes.len()];
         let mut trying: Vec<usize> = (0..writes.len()).collect();
-        for _ in 0..ROUND_TRIES {
-            let batch: Vec<OutcomeWrite> = trying.iter().map(|&i| writes[i].clone()).collect();
-            let applied = dispatch!(self, s => s.apply_outcomes(&batch).await)?;
+        for attempt in 0..ROUND_TRIES {
+            // The first try takes the writes as they are; only a retry copies
+            // out the few that are tried again.
+            let retried: Vec<OutcomeWrite>;
+            let batch = if attempt == 0 {
+                writes
+            } else {
+                retried = trying.iter().map(|&i| writes[i].clone()).collect();
+                &retried
+            };
+            let applied = dispatch!(self, s => s.apply_outcomes(batch).await)?;
             self.completed(&applied.completed);
             if applied.won.len() == batch.len() {
                 return Ok(statuses);
