@@ -38,48 +38,48 @@ async fn hundred_thousand_children(backend: Backend) {
     assert_eq!(queue_claim.body["children"][0]["sequence"], 100);
 
     if backend == Backend::Postgres {
-        // The planner must pick the partial pending index for both claim shapes
-        // straight after the bulk insert.
+        // The planner must pick the partial pending index for the lane claim
+        // straight after the bulk insert, planned with real values as the
+        // service plans it (never a cached generic plan).
         let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
-        // The statements the service runs, planned with real values as the
-        // service plans them (never a cached generic plan).
-        for (name, statement, scope, floor) in [
-            (
-                "parent",
-                &*child_ledger::store::POSTGRES_PARENT_CLAIM,
-                "P-big",
-                Some(0_i64),
-            ),
-            ("queue", &*child_ledger::store::POSTGRES_QUEUE_CLAIM, "bulk", None),
-        ] {
-            let types = if floor.is_some() {
-                "text, bigint, uuid, text, float8, bigint"
-            } else {
-                "text, bigint, uuid, text, float8"
-            };
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "PREPARE claim_{name} ({types}) AS {statement}"
-            )))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-            let floor = floor.map(|f| format!(", {f}")).unwrap_or_default();
-            let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "EXPLAIN EXECUTE claim_{name}('{scope}', 100, gen_random_uuid(), NULL, 300{floor})"
-            )))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
-            let plan = plan.join("\n");
-            assert!(
-                plan.contains("child_pending"),
-                "the {name} claim does not use the pending index:\n{plan}"
-            );
-            assert!(
-                !plan.contains("Sort"),
-                "the {name} claim sorts instead of walking the index:\n{plan}"
-            );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PREPARE lane_claim (text, bigint, uuid, text, float8) AS {}",
+            &*child_ledger::store::POSTGRES_LANE_CLAIM
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let plan = explain(
+            &mut conn,
+            "EXPLAIN EXECUTE lane_claim('P-big', 100, gen_random_uuid(), NULL, 300)",
+        )
+        .await;
+        assert!(
+            plan.contains("child_pending"),
+            "the claim does not use the pending index:\n{plan}"
+        );
+        assert!(
+            !plan.contains("Seq Scan on child"),
+            "the claim scans the child table:\n{plan}"
+        );
+
+        // A claim costs the same however many children were claimed before
+        // it: with 50,000 claimed (and their pending index entries dead, with
+        // no VACUUM in between), a claim of 100 reads about the buffers the
+        // first one did, not the tens of thousands a walk from sequence 0 would.
+        let first = claim_buffers(&mut conn).await;
+        for _ in 0..50 {
+            let claim = app.post("/v1/queues/bulk/claims", json!({"limit": 1000})).await;
+            assert_eq!(claim.body["children"].as_array().unwrap().len(), 1000);
         }
+        let later = claim_buffers(&mut conn).await;
+        assert!(
+            later < first + first / 2,
+            "a claim after 50,000 claimed read {later} buffers, the first {first}"
+        );
+        let claimed = app.count("SELECT count(*) FROM child WHERE state = 'in_flight'").await;
+        assert_eq!(claimed, 50_400, "each explained claim took its 100");
+
         let analyzed: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
             "SELECT greatest(last_analyze, last_autoanalyze) FROM pg_stat_user_tables WHERE relname = 'child'",
         )
@@ -91,6 +91,36 @@ async fn hundred_thousand_children(backend: Backend) {
             "statistics were not refreshed after the bulk registration"
         );
     }
+}
+
+/// The buffers one lane claim of 100 touches, measured by running it.
+async fn claim_buffers(conn: &mut sqlx::PgConnection) -> i64 {
+    let analyzed: serde_json::Value = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lane_claim('P-big', 100, gen_random_uuid(), NULL, 300)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let buffers = most_buffers(&analyzed[0]["Plan"]);
+    assert!(buffers > 0, "no buffers counted:\n{analyzed:#}");
+    buffers
+}
+
+/// The most buffers (hit or read) any node of an `EXPLAIN (ANALYZE, BUFFERS)`
+/// plan touched, its subplans included.
+fn most_buffers(node: &serde_json::Value) -> i64 {
+    let own = node["Shared Hit Blocks"].as_i64().unwrap_or(0) + node["Shared Read Blocks"].as_i64().unwrap_or(0);
+    let children = node["Plans"].as_array().into_iter().flatten().map(most_buffers);
+    children.fold(own, i64::max)
+}
+
+/// The plan `EXPLAIN` prints for `statement`, as one text.
+async fn explain(conn: &mut sqlx::PgConnection, statement: &str) -> String {
+    let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.to_owned()))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    lines.join("\n")
 }
 
 both_stores!(hundred_thousand_children);

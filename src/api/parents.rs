@@ -57,6 +57,10 @@ pub struct RegisterParent {
     max_attempts: Option<i32>,
     /// What an expired lease does: `retry` (default) or `hold`.
     expired_lease: Option<ExpiredLease>,
+    /// Queue claims serve strictly higher priorities first; default 0.
+    #[schema(minimum = -100, maximum = 100)]
+    #[serde(default, deserialize_with = "whole::option")]
+    priority: Option<i32>,
 }
 
 /// One child of a registration.
@@ -114,6 +118,8 @@ impl RegisterParent {
         if let Some(max) = self.max_attempts {
             in_range("max_attempts", max, 1, i32::MAX)?;
         }
+        let priority = self.priority.unwrap_or(0);
+        in_range("priority", priority, -100, 100)?;
         if let Some(payload) = &self.payload {
             max_bytes("payload", json_bytes(payload), limits.max_payload_bytes)?;
         }
@@ -133,6 +139,7 @@ impl RegisterParent {
             decomposed,
             max_attempts: self.max_attempts,
             expired_lease,
+            priority,
             children: &children,
         });
         Ok(Registration {
@@ -142,6 +149,7 @@ impl RegisterParent {
             decomposed,
             max_attempts: self.max_attempts,
             expired_lease,
+            priority,
             children,
             fingerprint,
         })

@@ -92,6 +92,7 @@ pub struct RegistrationContent<'a> {
     pub decomposed: bool,
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
+    pub priority: i32,
     pub children: &'a [NewChild],
 }
 
@@ -106,6 +107,11 @@ pub fn fingerprint(content: &RegistrationContent<'_>) -> String {
     hasher.update([u8::from(content.decomposed)]);
     hasher.update(content.max_attempts.unwrap_or(-1).to_le_bytes());
     hash_str(&mut hasher, content.expired_lease.as_str());
+    // Hashed only when set, so registrations from before priorities keep their digest.
+    if content.priority != 0 {
+        hasher.update(b"priority");
+        hasher.update(content.priority.to_le_bytes());
+    }
     hasher.update((content.children.len() as u64).to_le_bytes());
     for child in content.children {
         hasher.update(child.sequence.to_le_bytes());
@@ -129,6 +135,7 @@ mod tests {
             decomposed: true,
             max_attempts: None,
             expired_lease: ExpiredLease::Retry,
+            priority: 0,
             children,
         }
     }
@@ -184,6 +191,9 @@ mod tests {
         assert_ne!(digest, fingerprint(&content("q", &[])));
         let mut held = content("q", &base);
         held.expired_lease = ExpiredLease::Hold;
+        let mut urgent = content("q", &base);
+        urgent.priority = 5;
+        assert_ne!(digest, fingerprint(&urgent));
         assert_ne!(digest, fingerprint(&held));
     }
 

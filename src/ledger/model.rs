@@ -43,6 +43,8 @@ pub struct Parent {
     /// Claims a child may take before an expired lease fails it; `null` = unlimited.
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
+    /// Queue claims serve higher priorities first (-100..100).
+    pub priority: i32,
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
@@ -59,6 +61,7 @@ pub struct ParentRow {
     pub payload: Option<Value>,
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
+    pub priority: i32,
     pub total: i64,
     pub processed: i64,
     pub failed: i64,
@@ -88,6 +91,7 @@ impl ParentRow {
             queue: self.queue,
             max_attempts: self.max_attempts,
             expired_lease: self.expired_lease,
+            priority: self.priority,
             created_at: self.created_at,
             decomposed_at: self.decomposed_at,
             completed_at: self.completed_at,
@@ -189,6 +193,7 @@ pub struct Registration {
     pub decomposed: bool,
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
+    pub priority: i32,
     pub children: Vec<NewChild>,
     /// Digest of the whole registration: an identical repeat writes nothing.
     pub fingerprint: String,

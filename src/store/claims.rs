@@ -1,21 +1,33 @@
 //! Claims: leased chunks of children, and the lease operations.
 //!
-//! A parent's claim starts at its floor (see `floors`) and scans from 0 when
-//! that comes back short. When still short, expired leases in the same scope
-//! are swept and the claim is topped up, so abandoned work comes back without
-//! waiting for the reaper.
+//! Each decomposed parent has a lane (see `migrations/postgres/0004_lanes.sql`):
+//! its floor, below which no child is pending, and when the queue last served
+//! it. A claim always runs on one lane at a time: a parent-scoped claim on its
+//! parent's, a queue claim on the claimable lanes of its queue in serving order
+//! (higher priority, then least recently served, then oldest), taking what it
+//! can from the first and filling a short claim from the next. Claims of one
+//! parent take turns on its lane; a queue claim passes a busy lane by and
+//! comes back to wait for it only when no other lane of that priority served
+//! it, so a lower priority is never served while a higher one waits.
+//!
+//! When a claim is still short, expired leases in its scope are swept and it
+//! is topped up, so abandoned work comes back without waiting for the reaper.
 
 use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::rows::Leased;
+use super::rows::{Lane, LaneTurn, Leased};
 use super::{ChildRef, Db, Store, StoreError, StoreResult, dispatch};
 use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 
 /// How many expired leases one sweep statement moves at most.
 const EXPIRE_BATCH: i64 = 5_000;
+
+/// How many lanes one queue claim visits at most: a claim of 1,000 over
+/// parents of one child each is filled from the first 64 and comes back short.
+const MAX_LANES: i64 = 64;
 
 /// A claim, and the queue its children came from (`None` when it is empty).
 #[derive(Debug, Clone)]
@@ -25,25 +37,16 @@ pub struct Claimed {
 }
 
 impl Store {
-    /// Claims up to `limit` claimable children under one lease, lowest sequence first.
+    /// Claims up to `limit` claimable children under one lease: lowest sequence
+    /// first within a parent, fair across the parents of a queue.
     pub async fn claim(&self, request: &ClaimRequest) -> StoreResult<Claimed> {
-        let parent = match &request.scope {
-            ClaimScope::Parent(parent_id) => Some(parent_id),
-            ClaimScope::Queue(_) => None,
-        };
-        let floor = parent.map_or(0, |p| self.floors.floor(p));
-        let mut leased = dispatch!(self, s => s.claim(request, request.limit, floor).await)?;
-        if floor > 0 {
-            self.top_up(request, &mut leased).await?;
+        let mut leased = self.claim_scope(request, request.limit).await?;
+        let short = request.limit - leased.children.len() as i64;
+        if short > 0 && self.expire_leases(Some(&request.scope)).await? > 0 {
+            leased.merge(self.claim_scope(request, short).await?);
         }
-        if (leased.children.len() as i64) < request.limit && self.expire_leases(Some(&request.scope)).await? > 0 {
-            self.top_up(request, &mut leased).await?;
-        }
-        if let Some(parent_id) = parent {
-            match leased.children.iter().map(|c| c.sequence).min() {
-                Some(lowest) => self.floors.claimed(parent_id, lowest),
-                None => self.require_parent(parent_id).await?,
-            }
+        if let (ClaimScope::Parent(parent_id), true) = (&request.scope, leased.children.is_empty()) {
+            self.require_parent(parent_id).await?;
         }
         // RETURNING has no order: hand children out lowest sequence first.
         leased
@@ -59,16 +62,61 @@ impl Store {
         })
     }
 
-    /// Claims what `leased` is short of, scanning from sequence 0.
-    async fn top_up(&self, request: &ClaimRequest, leased: &mut Leased) -> StoreResult<()> {
-        let short = request.limit - leased.children.len() as i64;
-        if short > 0 {
-            let more = dispatch!(self, s => s.claim(request, short, 0).await)?;
-            leased.lease_expires_at = leased.lease_expires_at.or(more.lease_expires_at);
-            leased.queue = leased.queue.take().or(more.queue);
-            leased.children.extend(more.children);
+    /// Up to `limit` children of the request's scope.
+    async fn claim_scope(&self, request: &ClaimRequest, limit: i64) -> StoreResult<Leased> {
+        match &request.scope {
+            ClaimScope::Parent(parent_id) => Ok(self.claim_lane(request, parent_id, limit, LaneTurn::Wait).await?.0),
+            ClaimScope::Queue(queue) => self.claim_queue(request, queue, limit).await,
         }
-        Ok(())
+    }
+
+    /// Up to `limit` children from the lanes of a queue, in serving order.
+    async fn claim_queue(&self, request: &ClaimRequest, queue: &QueueName, limit: i64) -> StoreResult<Leased> {
+        let lanes = dispatch!(self, s => s.queue_lanes(queue, limit.min(MAX_LANES)).await)?;
+        let mut leased = Leased::default();
+        // The first lane passed by as busy, waited for before any lower priority.
+        let mut busy: Option<&Lane> = None;
+        for lane in &lanes {
+            if let Some(first_busy) = busy.filter(|b| b.priority > lane.priority) {
+                let want = limit - leased.children.len() as i64;
+                leased.merge(
+                    self.claim_lane(request, &first_busy.parent_id, want, LaneTurn::Wait)
+                        .await?
+                        .0,
+                );
+                busy = None;
+            }
+            let want = limit - leased.children.len() as i64;
+            if want <= 0 {
+                return Ok(leased);
+            }
+            let (got, taken) = self.claim_lane(request, &lane.parent_id, want, LaneTurn::Skip).await?;
+            leased.merge(got);
+            if !taken && busy.is_none() {
+                busy = Some(lane);
+            }
+        }
+        let want = limit - leased.children.len() as i64;
+        if let (Some(first_busy), true) = (busy, want > 0) {
+            leased.merge(
+                self.claim_lane(request, &first_busy.parent_id, want, LaneTurn::Wait)
+                    .await?
+                    .0,
+            );
+        }
+        Ok(leased)
+    }
+
+    /// Up to `limit` children of one parent; whether its lane was taken.
+    async fn claim_lane(
+        &self,
+        request: &ClaimRequest,
+        parent_id: &ParentId,
+        limit: i64,
+        turn: LaneTurn,
+    ) -> StoreResult<(Leased, bool)> {
+        let claim = dispatch!(self, s => s.claim_lane(request, parent_id, limit, turn).await)?;
+        Ok((claim.leased, claim.taken))
     }
 
     /// Extends every live lease of a claim. Returns how many and the new expiry.
@@ -78,12 +126,7 @@ impl Store {
 
     /// Returns a claim's children (all, or the named ones) to `pending`.
     pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
-        let released = dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)?;
-        match children {
-            Some(children) => children.iter().for_each(|c| self.floors.forget(&c.parent_id)),
-            None => self.floors.forget_all(),
-        }
-        Ok(released)
+        dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)
     }
 
     /// Returns a `held` child to `pending`; one already pending is returned as is.
@@ -93,7 +136,6 @@ impl Store {
             parent_id: parent_id.clone(),
             sequence,
         })?;
-        self.floors.forget(parent_id);
         if retried || child.state == ChildState::Pending {
             Ok(child)
         } else {
@@ -111,7 +153,6 @@ impl Store {
             moved += batch;
             if batch < EXPIRE_BATCH as u64 {
                 if moved > 0 {
-                    self.floors.forget_all();
                     self.expired_total.fetch_add(moved, Ordering::Relaxed);
                 }
                 return Ok(moved);

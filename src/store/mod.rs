@@ -2,7 +2,7 @@
 //! embedded default, chosen once from the database URL.
 //!
 //! `Store` is the one face of both. Each resource has a file here holding what
-//! both backends share (claim floors, the seal and reconcile decisions, how a
+//! both backends share (the claim's lane order, the seal and reconcile decisions, how a
 //! batch's losers are told why, the completion hook) and a file per backend
 //! under `postgres/` and `sqlite/` holding its statements. SQL that both
 //! dialects write the same, and the rules SQL must mirror, are in `sql.rs`.
@@ -10,7 +10,6 @@
 
 mod claims;
 mod error;
-mod floors;
 mod outcomes;
 mod parents;
 mod postgres;
@@ -35,9 +34,10 @@ pub(crate) use error::retry_transient;
 pub use error::{StoreError, StoreResult};
 use postgres::PgStore;
 /// The Postgres claim statements, exactly as claims run them, for an operator
-/// (or a test) to `EXPLAIN`. Binds: `$1` parent id or queue, `$2` limit, `$3`
-/// claim id, `$4` worker, `$5` lease seconds, and for a parent `$6` the floor.
-pub use postgres::claims::{PARENT_CLAIM as POSTGRES_PARENT_CLAIM, QUEUE_CLAIM as POSTGRES_QUEUE_CLAIM};
+/// (or a test) to `EXPLAIN`. The lane claim binds `$1` parent id, `$2` limit,
+/// `$3` claim id, `$4` worker, `$5` lease seconds; the queue's lanes bind `$1`
+/// queue, `$2` how many.
+pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
 use sqlite::SqliteStore;
 
 /// How many children one bulk statement writes or compares: a 100,000-child
@@ -66,7 +66,6 @@ impl Default for StoreOptions {
 #[derive(Debug, Clone)]
 pub struct Store {
     db: Db,
-    floors: Arc<floors::ClaimFloors>,
     /// Children whose expired lease this process swept, for the metrics.
     expired_total: Arc<AtomicU64>,
     /// Parents this process completed, for the metrics.
@@ -196,7 +195,6 @@ impl Store {
         };
         Ok(Self {
             db,
-            floors: Arc::default(),
             expired_total: Arc::default(),
             completed_total: Arc::default(),
         })

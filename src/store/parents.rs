@@ -26,6 +26,9 @@ impl Store {
         let (inserted, _) = self
             .insert_children(&mut tx, parent_id, &registration.children, false)
             .await?;
+        if registration.decomposed {
+            in_tx!(&mut tx, parents::open_lane(parent_id))?;
+        }
         tx.commit().await?;
         if completed {
             self.completed(std::slice::from_ref(parent_id));
@@ -108,12 +111,12 @@ impl Store {
             let rows = in_tx!(&mut tx, parents::tally(parent_id))?;
             completed = rows.is_complete(true);
             in_tx!(&mut tx, parents::mark_decomposed(parent_id, &rows, completed))?;
+            in_tx!(&mut tx, parents::open_lane(parent_id))?;
         }
         tx.commit().await?;
         if completed {
             self.completed(std::slice::from_ref(parent_id));
         }
-        self.floors.forget(parent_id);
         self.parent(parent_id, false).await
     }
 

@@ -17,6 +17,7 @@ pub(crate) trait LedgerRow {
     fn text(&self, column: &str) -> Result<String, sqlx::Error>;
     fn opt_text(&self, column: &str) -> Result<Option<String>, sqlx::Error>;
     fn int(&self, column: &str) -> Result<i64, sqlx::Error>;
+    fn opt_int(&self, column: &str) -> Result<Option<i64>, sqlx::Error>;
     fn int32(&self, column: &str) -> Result<i32, sqlx::Error>;
     fn opt_int32(&self, column: &str) -> Result<Option<i32>, sqlx::Error>;
     fn time(&self, column: &str) -> Result<DateTime<Utc>, sqlx::Error>;
@@ -35,6 +36,9 @@ macro_rules! row_columns {
             sqlx::Row::try_get(self, column)
         }
         fn int(&self, column: &str) -> Result<i64, sqlx::Error> {
+            sqlx::Row::try_get(self, column)
+        }
+        fn opt_int(&self, column: &str) -> Result<Option<i64>, sqlx::Error> {
             sqlx::Row::try_get(self, column)
         }
         fn int32(&self, column: &str) -> Result<i32, sqlx::Error> {
@@ -61,6 +65,7 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
         payload: row.json("payload")?,
         max_attempts: row.opt_int32("max_attempts")?,
         expired_lease: parse_column(&row.text("expired_lease")?)?,
+        priority: row.int32("priority")?,
         total: row.int("total")?,
         processed: row.int("processed")?,
         failed: row.int("failed")?,
@@ -151,6 +156,17 @@ pub(crate) struct Leased {
 }
 
 impl Leased {
+    /// Adds the children of another lane claim under the same claim id; the
+    /// claim's expiry is the earliest of its children's.
+    pub fn merge(&mut self, more: Leased) {
+        self.lease_expires_at = match (self.lease_expires_at, more.lease_expires_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.queue = self.queue.take().or(more.queue);
+        self.children.extend(more.children);
+    }
+
     /// The children of one claim statement, each with its lease expiry and queue.
     pub fn from_rows(
         rows: impl Iterator<Item = Result<(ClaimedChild, DateTime<Utc>, QueueName), sqlx::Error>>,
@@ -163,6 +179,59 @@ impl Leased {
             leased.queue = Some(queue);
         }
         Ok(leased)
+    }
+}
+
+/// A lane a queue claim may visit: a parent with claimable children.
+#[derive(Debug, Clone)]
+pub(crate) struct Lane {
+    pub parent_id: ParentId,
+    pub priority: i32,
+}
+
+impl Lane {
+    pub fn new(parent_id: String, priority: i32) -> Self {
+        Self {
+            parent_id: ParentId::from_ledger(parent_id),
+            priority,
+        }
+    }
+}
+
+/// How a claim takes its turn on a lane another claim of the same parent holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaneTurn {
+    /// Wait until that claim commits, then claim after it.
+    Wait,
+    /// Pass the lane by (`SKIP LOCKED`): a queue claim tries the next one.
+    Skip,
+}
+
+/// What a claim on one lane did.
+#[derive(Debug, Default)]
+pub(crate) struct LaneClaim {
+    pub leased: Leased,
+    /// The lane was there and this claim took its turn on it; `false` when it
+    /// was passed by as busy, or the parent has no lane (not decomposed).
+    pub taken: bool,
+}
+
+impl LaneClaim {
+    /// The rows of a lane claim statement: the leased children, and a last
+    /// row with no sequence when the lane was taken.
+    pub fn from_rows<R: LedgerRow>(rows: &[R]) -> Result<Self, sqlx::Error> {
+        let mut taken = false;
+        let mut children = Vec::with_capacity(rows.len());
+        for row in rows {
+            match row.opt_int("sequence")? {
+                Some(_) => children.push(claimed_child(row)),
+                None => taken = true,
+            }
+        }
+        Ok(Self {
+            leased: Leased::from_rows(children.into_iter())?,
+            taken,
+        })
     }
 }
 

@@ -51,7 +51,7 @@ pub(crate) static CHILD_BY_KEY: LazyLock<String> =
 
 /// A parent row's columns with its open counts, read from the partial indexes.
 pub(crate) const PARENT_SELECT: &str = "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
-    p.expired_lease, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
+    p.expired_lease, p.priority, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
     p.position, \
     (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') AS open_pending, \
     (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'in_flight') AS open_in_flight, \
@@ -63,6 +63,25 @@ pub(crate) static PARENT_BY_ID: LazyLock<String> = LazyLock::new(|| format!("{PA
 
 /// Whether a parent exists.
 pub(crate) const PARENT_EXISTS: &str = "SELECT 1 FROM parent WHERE parent_id = $1";
+
+/// Opens the lane of a parent that was just decomposed: its queue claims may
+/// start. Its children carry no delay yet, so `floor` is its lowest pending one.
+pub(crate) const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, floor) \
+    SELECT p.parent_id, p.queue, p.priority, p.position, \
+        (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') \
+    FROM parent p WHERE p.parent_id = $1";
+
+/// The claimable lanes of queue `$1` in serving order, `$2` at most: higher
+/// priority first, then least recently served, then oldest. `now` is the
+/// dialect's clock. The index predicate is repeated so SQLite uses it too.
+pub(crate) fn queue_lanes(now: &str) -> String {
+    format!(
+        "SELECT parent_id, priority FROM lane \
+         WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) \
+           AND (floor IS NOT NULL OR ready_at <= {now}) \
+         ORDER BY priority DESC, served, position LIMIT $2"
+    )
+}
 
 /// A parent's registration fingerprint.
 pub(crate) const PARENT_FINGERPRINT: &str = "SELECT fingerprint FROM parent WHERE parent_id = $1";

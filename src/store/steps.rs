@@ -165,6 +165,18 @@ macro_rules! seal_steps {
             Ok(())
         }
 
+        /// Opens the lane of a parent just marked decomposed (`sql::OPEN_LANE`).
+        pub(in crate::store) async fn open_lane(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+        ) -> $crate::store::StoreResult<()> {
+            sqlx::query($crate::store::sql::OPEN_LANE)
+                .bind(parent_id.as_str())
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+
         /// Counts appended children into a decomposing parent's projection.
         pub(in crate::store) async fn count_appended(
             tx: &mut $tx,

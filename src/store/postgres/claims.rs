@@ -1,6 +1,7 @@
-//! Claims on Postgres: the lease pick, extend, release, retry and the sweep
-//! of expired leases.
+//! Claims on Postgres: the lane claim, extend, release, retry and the sweep
+//! of expired leases. Every statement that locks rows locks rows of one parent.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
@@ -8,63 +9,97 @@ use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
-use super::{PgStore, rows};
-use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId};
-use crate::store::rows::Leased;
+use super::{PgStore, PgTx};
+use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::store::rows::{Lane, LaneClaim, LaneTurn};
 use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 
-/// The claim statement: one pick that locks the lowest claimable sequences,
-/// skipping rows another claimer holds, and the `UPDATE` that leases them.
-/// Binds: `$1` scope key, `$2` limit, `$3` claim id, `$4` worker, `$5` lease
-/// seconds, and for a parent `$6` the floor.
-fn claim_statement(pick: &str) -> String {
+/// A claim on one parent's lane: lock the lane row (waiting for the claim of
+/// the same parent ahead of it, or skipping a busy lane with `SKIP LOCKED`),
+/// lease the lowest claimable sequences from its floor up (and delayed
+/// children that are due), then move the floor past what it took and stamp
+/// the lane served. Every row it locks belongs to parent `$1`. The last row
+/// (sequence NULL) says the lane was there and taken. Binds: `$1` parent id,
+/// `$2` limit, `$3` claim id, `$4` worker, `$5` lease seconds.
+fn lane_claim(lock: &str) -> String {
     format!(
-        "WITH picked AS ({pick}) \
-         UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
-             claim_id = $3, \
-             claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), available_at = NULL \
-         FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
-         RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, \
-             c.lease_expires_at, picked.queue"
+        "WITH lane AS ( \
+             SELECT queue, floor, ready_at <= now() AS due, (floor IS NOT NULL OR ready_at <= now()) AS open \
+             FROM lane WHERE parent_id = $1 {lock}), \
+         fresh AS ( \
+             SELECT c.sequence FROM child c \
+             WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NULL \
+               AND c.sequence >= (SELECT floor FROM lane) \
+             ORDER BY c.sequence LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         due AS ( \
+             SELECT c.sequence FROM child c \
+             WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() AND (SELECT due FROM lane) \
+             ORDER BY c.sequence LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         picked AS (SELECT sequence FROM fresh UNION ALL SELECT sequence FROM due ORDER BY sequence LIMIT $2), \
+         claimed AS ( \
+             UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
+                 claim_id = $3, claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), \
+                 available_at = NULL \
+             FROM picked WHERE c.parent_id = $1 AND c.sequence = picked.sequence \
+             RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, c.lease_expires_at), \
+         moved AS ( \
+             UPDATE lane l SET \
+                 floor = (SELECT min(c.sequence) FROM child c \
+                          WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NULL \
+                            AND c.sequence >= (SELECT floor FROM lane) \
+                            AND c.sequence NOT IN (SELECT sequence FROM picked)), \
+                 ready_at = CASE WHEN (SELECT due FROM lane) THEN ( \
+                          SELECT min(c.available_at) FROM child c \
+                          WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NOT NULL \
+                            AND c.sequence NOT IN (SELECT sequence FROM picked)) ELSE l.ready_at END, \
+                 served = CASE WHEN EXISTS (SELECT 1 FROM picked) THEN nextval('lane_served') ELSE l.served END \
+             WHERE l.parent_id = $1 AND (SELECT open FROM lane)) \
+         SELECT c.*, (SELECT queue FROM lane) AS queue FROM claimed c \
+         UNION ALL SELECT $1, NULL, NULL, NULL, NULL, NULL, NULL, queue FROM lane"
     )
 }
 
-/// The claim statement of a parent-scoped claim (see `claim_statement`).
-pub static PARENT_CLAIM: LazyLock<String> = LazyLock::new(|| {
-    claim_statement(
-        "SELECT c.parent_id, c.sequence, p.queue FROM parent p JOIN child c ON c.parent_id = p.parent_id \
-         WHERE p.parent_id = $1 AND p.decomposed_at IS NOT NULL \
-           AND c.state = 'pending' AND c.sequence >= $6 \
-           AND (c.available_at IS NULL OR c.available_at <= now()) \
-         ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED",
-    )
-});
+/// The lane claim that waits for its turn on the lane (see `lane_claim`).
+pub static LANE_CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE"));
 
-/// The claim statement of a queue claim (see `claim_statement`).
-pub static QUEUE_CLAIM: LazyLock<String> = LazyLock::new(|| {
-    claim_statement(
-        "SELECT c.parent_id, c.sequence, p.queue FROM parent p \
-         CROSS JOIN LATERAL ( \
-             SELECT c.parent_id, c.sequence FROM child c \
-             WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
-               AND (c.available_at IS NULL OR c.available_at <= now()) \
-             ORDER BY c.sequence LIMIT $2 FOR UPDATE OF c SKIP LOCKED) c \
-         WHERE p.queue = $1 AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL \
-         ORDER BY p.position LIMIT $2",
-    )
-});
+/// The lane claim that passes a lane another claim holds (see `lane_claim`).
+static LANE_CLAIM_SKIP: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE SKIP LOCKED"));
+
+/// The claimable lanes of a queue in serving order (see `sql::queue_lanes`).
+pub static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes("now()"));
 
 impl PgStore {
-    /// Leases up to `limit` claimable children of the request's scope, from
-    /// sequence `floor` up for a parent-scoped claim.
-    pub async fn claim(&self, request: &ClaimRequest, limit: i64, floor: i64) -> StoreResult<Leased> {
-        let (sql, scope_key) = match &request.scope {
-            ClaimScope::Parent(parent_id) => (&*PARENT_CLAIM, parent_id.as_str()),
-            ClaimScope::Queue(queue) => (&*QUEUE_CLAIM, queue.as_str()),
+    /// The first `limit` claimable lanes of a queue, in serving order.
+    pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
+        let rows: Vec<(String, i32)> = retry_transient!(
+            sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))
+                .bind(queue.as_str())
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Into::into)
+        )?;
+        Ok(rows
+            .into_iter()
+            .map(|(parent_id, priority)| Lane::new(parent_id, priority))
+            .collect())
+    }
+
+    /// Leases up to `limit` claimable children of one parent (see `lane_claim`).
+    pub async fn claim_lane(
+        &self,
+        request: &ClaimRequest,
+        parent_id: &ParentId,
+        limit: i64,
+        turn: LaneTurn,
+    ) -> StoreResult<LaneClaim> {
+        let sql = match turn {
+            LaneTurn::Wait => &*LANE_CLAIM,
+            LaneTurn::Skip => &*LANE_CLAIM_SKIP,
         };
-        let rows = retry_transient!({
-            let mut query = sqlx::query(AssertSqlSafe(sql.as_str()))
-                .bind(scope_key)
+        let rows = retry_transient!(
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .bind(parent_id.as_str())
                 .bind(limit)
                 .bind(request.claim_id)
                 .bind(request.worker.as_deref())
@@ -72,68 +107,116 @@ impl PgStore {
                 // Never a cached generic plan: one prepared while `child` was small
                 // would seq-scan it once it is big. Planning with the real values
                 // costs ~0.05 ms and always finds the pending index.
-                .persistent(false);
-            if let ClaimScope::Parent(_) = request.scope {
-                query = query.bind(floor);
-            }
-            query.fetch_all(&self.pool).await.map_err(Into::into)
-        })?;
-        Ok(Leased::from_rows(rows.iter().map(rows::claimed_child))?)
+                .persistent(false)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Into::into)
+        )?;
+        Ok(LaneClaim::from_rows(&rows)?)
     }
 
+    /// The parents with children this claim still holds, in a stable order.
+    async fn parents_of_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT parent_id FROM child WHERE claim_id = $1 AND state = 'in_flight' ORDER BY parent_id",
+        )
+        .bind(claim_id)
+        .fetch_all(&mut **tx)
+        .await?)
+    }
+
+    /// Extends the live leases of a claim, parent by parent, in one transaction.
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
-        let (extended, expires): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
-            "WITH extended AS ( \
-                 UPDATE child SET lease_expires_at = now() + make_interval(secs => $2) \
-                 WHERE claim_id = $1 AND state = 'in_flight' AND lease_expires_at > now() \
-                 RETURNING lease_expires_at) \
-             SELECT count(*), max(lease_expires_at) FROM extended",
-        )
-        .bind(claim_id)
-        .bind(lease_seconds as f64)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok((extended as u64, expires))
+        let mut tx = self.begin().await?;
+        let (mut extended, mut expires) = (0, None);
+        for parent_id in Self::parents_of_claim(&mut tx, claim_id).await? {
+            let (n, at): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+                "WITH extended AS ( \
+                     UPDATE child SET lease_expires_at = now() + make_interval(secs => $3) \
+                     WHERE parent_id = $1 AND claim_id = $2 AND state = 'in_flight' AND lease_expires_at > now() \
+                     RETURNING lease_expires_at) \
+                 SELECT count(*), max(lease_expires_at) FROM extended",
+            )
+            .bind(&parent_id)
+            .bind(claim_id)
+            .bind(lease_seconds as f64)
+            .fetch_one(&mut *tx)
+            .await?;
+            extended += n as u64;
+            expires = expires.max(at);
+        }
+        tx.commit().await?;
+        Ok((extended, expires))
     }
 
+    /// Returns a claim's children (all, or the named ones) to pending, parent
+    /// by parent in one transaction, lowering each lane's floor (or, with a
+    /// delay, its `ready_at`) to them.
     pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
-        let (parents, sequences): (Vec<&str>, Vec<i64>) = children
-            .unwrap_or_default()
-            .iter()
-            .map(|c| (c.parent_id.as_str(), c.sequence))
-            .unzip();
-        let released: i64 = sqlx::query_scalar(
-            "WITH released AS ( \
-                 UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                     available_at = CASE WHEN $3 > 0 THEN now() + make_interval(secs => $3) END \
-                 WHERE claim_id = $1 AND state = 'in_flight' \
-                   AND ($2 OR (parent_id, sequence) IN (SELECT * FROM unnest($4::text[], $5::bigint[]))) \
-                 RETURNING 1) \
-             SELECT count(*) FROM released",
-        )
-        .bind(claim_id)
-        .bind(children.is_none())
-        .bind(delay_seconds as f64)
-        .bind(&parents)
-        .bind(&sequences)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(released as u64)
+        let mut tx = self.begin().await?;
+        let groups: Vec<(String, Vec<i64>)> = match children {
+            None => Self::parents_of_claim(&mut tx, claim_id)
+                .await?
+                .into_iter()
+                .map(|p| (p, Vec::new()))
+                .collect(),
+            Some(children) => {
+                let mut named: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+                for c in children {
+                    named.entry(c.parent_id.as_str()).or_default().push(c.sequence);
+                }
+                named.into_iter().map(|(p, s)| (p.to_owned(), s)).collect()
+            }
+        };
+        let mut released = 0;
+        for (parent_id, sequences) in groups {
+            let n: i64 = sqlx::query_scalar(
+                "WITH released AS ( \
+                     UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
+                         available_at = CASE WHEN $3 > 0 THEN now() + make_interval(secs => $3) END \
+                     WHERE parent_id = $1 AND claim_id = $2 AND state = 'in_flight' \
+                       AND ($4 OR sequence = ANY($5)) \
+                     RETURNING sequence, available_at), \
+                 lowered AS ( \
+                     UPDATE lane SET \
+                         floor = least(floor, (SELECT min(sequence) FROM released WHERE available_at IS NULL)), \
+                         ready_at = least(ready_at, (SELECT min(available_at) FROM released)) \
+                     WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM released)) \
+                 SELECT count(*) FROM released",
+            )
+            .bind(&parent_id)
+            .bind(claim_id)
+            .bind(delay_seconds as f64)
+            .bind(children.is_none())
+            .bind(&sequences)
+            .fetch_one(&mut *tx)
+            .await?;
+            released += n as u64;
+        }
+        tx.commit().await?;
+        Ok(released)
     }
 
-    /// Returns a held child to pending; whether it did, and the child after.
+    /// Returns a held child to pending, and its lane's floor to it; whether
+    /// it did, and the child after.
     pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<(bool, Option<Child>)> {
-        let retried = sqlx::query(sql::RETRY_HELD)
-            .bind(parent_id.as_str())
-            .bind(sequence)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        Ok((retried == 1, self.child(parent_id, sequence).await?))
+        let retried: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "WITH retried AS ({} RETURNING sequence), \
+             lowered AS ( \
+                 UPDATE lane SET floor = least(floor, $2) WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM retried)) \
+             SELECT EXISTS (SELECT 1 FROM retried)",
+            sql::RETRY_HELD
+        )))
+        .bind(parent_id.as_str())
+        .bind(sequence)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((retried, self.child(parent_id, sequence).await?))
     }
 
     /// Moves up to `batch` children whose lease ran out, in `scope` or
-    /// everywhere. Returns how many, and the parents whose last child this failed.
+    /// everywhere: a read finds them, then one statement per parent moves
+    /// them. Returns how many moved, and the parents whose last child this failed.
     pub async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<(u64, Vec<ParentId>)> {
         let (scope_filter, scope_key) = match scope {
             None => ("", None),
@@ -143,33 +226,13 @@ impl PgStore {
                 Some(queue.as_str()),
             ),
         };
-        // Exhausted children fail (and count), `hold` parents keep theirs held,
-        // the rest become claimable again; all remember the attempt expired.
-        let rows: Vec<(Option<String>, i64)> = retry_transient!(
+        let found: Vec<(String, Vec<i64>)> = retry_transient!(
             sqlx::query_as(AssertSqlSafe(format!(
-                "WITH expired AS ( \
+                "SELECT parent_id, array_agg(sequence) FROM ( \
                      SELECT c.parent_id, c.sequence FROM child c \
                      WHERE c.state = 'in_flight' AND c.lease_expires_at <= now() {scope_filter} \
-                     ORDER BY c.lease_expires_at LIMIT $1 FOR UPDATE OF c SKIP LOCKED), \
-                 moved AS ( \
-                     UPDATE child c SET \
-                         state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
-                                      WHEN p.expired_lease = 'hold' THEN 'held' ELSE 'pending' END, \
-                         reason = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                                       THEN 'attempts exhausted' ELSE c.reason END, \
-                         terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                                            THEN now() ELSE c.terminal_at END, \
-                         previous_attempt = 'expired' \
-                     FROM expired e, parent p \
-                     WHERE c.parent_id = e.parent_id AND c.sequence = e.sequence AND p.parent_id = c.parent_id \
-                     RETURNING c.parent_id, c.state), \
-                 deltas AS ( \
-                     SELECT parent_id, 0 AS processed, count(*) AS failed, 0 AS skipped \
-                     FROM moved WHERE state = 'failed' GROUP BY parent_id), \
-                 {BUMP_PARENTS} \
-                 SELECT NULL, count(*) FROM moved \
-                 UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
-                BUMP_PARENTS = BUMP_PARENTS.as_str()
+                     ORDER BY c.lease_expires_at LIMIT $1) e \
+                 GROUP BY parent_id ORDER BY parent_id"
             )))
             .bind(batch)
             .bind(scope_key)
@@ -179,12 +242,57 @@ impl PgStore {
         )?;
         let mut moved = 0;
         let mut completed = Vec::new();
-        for (parent_id, count) in rows {
-            match parent_id {
-                None => moved = count as u64,
-                Some(parent_id) => completed.push(ParentId::from_ledger(parent_id)),
+        for (parent_id, sequences) in found {
+            let rows: Vec<(Option<String>, i64)> = retry_transient!(
+                sqlx::query_as(AssertSqlSafe(EXPIRE_IN_PARENT.as_str()))
+                    .bind(&parent_id)
+                    .bind(&sequences)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(Into::into)
+            )?;
+            for (parent_id, count) in rows {
+                match parent_id {
+                    None => moved += count as u64,
+                    Some(parent_id) => completed.push(ParentId::from_ledger(parent_id)),
+                }
             }
         }
         Ok((moved, completed))
     }
 }
+
+/// Moves the children of parent `$1` at sequences `$2` whose lease ran out:
+/// exhausted ones fail (and count), `hold` parents keep theirs held, the rest
+/// become claimable again and lower the lane's floor; all remember the attempt
+/// expired. Rows another statement holds are left for the next sweep.
+static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH expired AS ( \
+             SELECT c.sequence FROM child c \
+             WHERE c.parent_id = $1 AND c.sequence = ANY($2) AND c.state = 'in_flight' AND c.lease_expires_at <= now() \
+             FOR UPDATE SKIP LOCKED), \
+         moved AS ( \
+             UPDATE child c SET \
+                 state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
+                              WHEN p.expired_lease = 'hold' THEN 'held' ELSE 'pending' END, \
+                 reason = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
+                               THEN 'attempts exhausted' ELSE c.reason END, \
+                 terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
+                                    THEN now() ELSE c.terminal_at END, \
+                 previous_attempt = 'expired' \
+             FROM expired e, parent p \
+             WHERE c.parent_id = $1 AND c.sequence = e.sequence AND p.parent_id = $1 \
+             RETURNING c.parent_id, c.sequence, c.state), \
+         deltas AS ( \
+             SELECT parent_id, 0 AS processed, count(*) AS failed, 0 AS skipped \
+             FROM moved WHERE state = 'failed' GROUP BY parent_id), \
+         {bump}, \
+         lowered AS ( \
+             UPDATE lane SET floor = least(floor, (SELECT min(sequence) FROM moved WHERE state = 'pending')) \
+             WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM moved WHERE state = 'pending')) \
+         SELECT NULL, count(*) FROM moved \
+         UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
+        bump = BUMP_PARENTS.as_str()
+    )
+});

@@ -1,6 +1,7 @@
 //! Outcomes on Postgres: the winning writes and their counters in one
 //! statement, and what the losers are told.
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use serde_json::Value;
@@ -38,19 +39,19 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Child transitions and the parent counters in one statement. The guarded
-/// UPDATE only touches non-terminal rows of decomposed parents, so what it
-/// returns is exactly the set of writes that won.
+/// Child transitions of one parent, `$1`, and its counters in one statement.
+/// The guarded UPDATE only touches non-terminal rows of a decomposed parent,
+/// so what it returns is exactly the set of writes that won.
 static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH input AS ( \
-             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
-                 AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
+             SELECT * FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
+                 AS u(sequence, outcome, reason, result, claim_id)), \
          applied AS ( \
              UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
                  terminal_at = now(), outcome_attempt = {credited} \
-             FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
-             WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+             FROM input u JOIN parent p ON p.parent_id = $1 AND p.decomposed_at IS NOT NULL \
+             WHERE c.parent_id = $1 AND c.sequence = u.sequence \
                AND c.state IN ('pending', 'in_flight', 'held') \
              RETURNING c.parent_id, c.sequence, c.state), \
          deltas AS ( \
@@ -77,27 +78,21 @@ static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
 });
 
 impl PgStore {
-    /// Records the writes that win, run as its own transaction: the hot parent
-    /// row is locked only while the statement runs, never across a round trip.
+    /// Records the writes that win, one statement per parent. A batch of one
+    /// parent (what a claim hands out) is its own transaction, so the hot
+    /// parent row is locked only while the statement runs; a batch of several
+    /// is one transaction, parent by parent in id order.
     pub async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
-        let parents: Vec<&str> = writes.iter().map(|w| w.parent_id.as_str()).collect();
-        let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
-        let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
-        let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
-        let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
-        let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
-        let rows: Vec<(String, Option<i64>)> = retry_transient!(
-            sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
-                .bind(&parents)
-                .bind(&sequences)
-                .bind(&outcomes)
-                .bind(&reasons)
-                .bind(&results)
-                .bind(&claims)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(Into::into)
-        )?;
+        let mut by_parent: BTreeMap<&str, Vec<&OutcomeWrite>> = BTreeMap::new();
+        for write in writes {
+            by_parent.entry(write.parent_id.as_str()).or_default().push(write);
+        }
+        let rows = retry_transient!(if by_parent.len() == 1 {
+            let (parent_id, writes) = by_parent.iter().next().expect("one parent");
+            apply_in_parent(&self.pool, parent_id, writes).await
+        } else {
+            self.apply_by_parent(&by_parent).await
+        })?;
         let mut applied = Applied::default();
         for (parent_id, sequence) in rows {
             let parent_id = ParentId::from_ledger(parent_id);
@@ -108,6 +103,41 @@ impl PgStore {
         }
         Ok(applied)
     }
+
+    async fn apply_by_parent(&self, by_parent: &BTreeMap<&str, Vec<&OutcomeWrite>>) -> StoreResult<Vec<AppliedRow>> {
+        let mut tx = self.begin().await?;
+        let mut rows = Vec::new();
+        for (parent_id, writes) in by_parent {
+            rows.extend(apply_in_parent(&mut *tx, parent_id, writes).await?);
+        }
+        tx.commit().await?;
+        Ok(rows)
+    }
+}
+
+/// A winning write `(parent, Some(sequence))`, or a parent it completed `(parent, None)`.
+type AppliedRow = (String, Option<i64>);
+
+/// Runs `APPLY_OUTCOMES` for the writes of one parent.
+async fn apply_in_parent<'e>(
+    executor: impl sqlx::Executor<'e, Database = sqlx::Postgres>,
+    parent_id: &str,
+    writes: &[&OutcomeWrite],
+) -> StoreResult<Vec<AppliedRow>> {
+    let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
+    let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
+    let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
+    let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
+    let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
+    Ok(sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
+        .bind(parent_id)
+        .bind(&sequences)
+        .bind(&outcomes)
+        .bind(&reasons)
+        .bind(&results)
+        .bind(&claims)
+        .fetch_all(executor)
+        .await?)
 }
 
 /// What the ledger holds for each losing write's child, in input order.

@@ -12,8 +12,8 @@ use crate::store::{StoreError, StoreResult, sql, steps};
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
-                             total, skipped, decomposed_at, completed_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9 THEN now() END, CASE WHEN {} THEN now() END) \
+                             total, skipped, priority, decomposed_at, completed_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10, CASE WHEN $9 THEN now() END, CASE WHEN {} THEN now() END) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL",
         sql::complete("$9", "$8", "$7")
     )
@@ -91,6 +91,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut PgTx, reg: &Registration) -
         .bind(reg.children.len() as i64)
         .bind(skipped)
         .bind(reg.decomposed)
+        .bind(reg.priority)
         .fetch_optional(&mut **tx)
         .await?)
 }

@@ -1,65 +1,126 @@
 //! Claims on SQLite: the lease pick, extend, release, retry and the sweep of
 //! expired leases.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::outcomes::bump_parents;
-use super::{SqliteStore, now, parents, rows};
+use super::{SqliteStore, SqliteTx, now, parents};
 use crate::ledger::projection::Tally;
-use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId};
-use crate::store::rows::Leased;
+use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::store::rows::{Lane, LaneClaim, LaneTurn};
 use crate::store::{ChildRef, StoreResult, sql};
 
+/// Recomputes the lanes of the parents in JSON array `?1` from their rows:
+/// the lowest pending sequence without a delay, and the earliest delay. In
+/// SQLite an index holds no entries of rows gone by, so this is cheap.
+const REFRESH_LANES: &str = "UPDATE lane SET \
+        floor = (SELECT min(c.sequence) FROM child c \
+                 WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NULL), \
+        ready_at = (SELECT min(c.available_at) FROM child c \
+                    WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NOT NULL) \
+    WHERE parent_id IN (SELECT value FROM json_each(?1))";
+
+/// Refreshes the lanes of `parents` (see `REFRESH_LANES`).
+async fn refresh_lanes<'a>(tx: &mut SqliteTx, parents: impl IntoIterator<Item = &'a str>) -> StoreResult<()> {
+    let parents: Vec<&str> = parents.into_iter().collect();
+    if !parents.is_empty() {
+        sqlx::query(REFRESH_LANES)
+            .bind(serde_json::to_string(&parents).unwrap_or_else(|_| "[]".to_owned()))
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes(now!()));
+
 impl SqliteStore {
-    /// Leases up to `limit` claimable children of the request's scope, from
-    /// sequence `floor` up for a parent-scoped claim.
-    pub async fn claim(&self, request: &ClaimRequest, limit: i64, floor: i64) -> StoreResult<Leased> {
-        let pick = match &request.scope {
-            ClaimScope::Parent(_) => concat!(
-                "SELECT c.parent_id, c.sequence FROM child c \
-                 WHERE c.parent_id = ?1 AND c.state = 'pending' AND c.sequence >= ?6 \
-                   AND (c.available_at IS NULL OR c.available_at <= ",
-                now!(),
-                ") AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = ?1 AND p.decomposed_at IS NOT NULL) \
-                 ORDER BY c.sequence LIMIT ?2"
-            ),
-            ClaimScope::Queue(_) => concat!(
-                "SELECT c.parent_id, c.sequence FROM parent p JOIN child c ON c.parent_id = p.parent_id \
-                 WHERE p.queue = ?1 AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL \
-                   AND c.state = 'pending' AND (c.available_at IS NULL OR c.available_at <= ",
-                now!(),
-                ") ORDER BY p.position, c.sequence LIMIT ?2"
-            ),
-        };
-        let scope_key = match &request.scope {
-            ClaimScope::Parent(parent_id) => parent_id.as_str(),
-            ClaimScope::Queue(queue) => queue.as_str(),
-        };
+    /// The first `limit` claimable lanes of a queue, in serving order.
+    pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
+        let rows: Vec<(String, i32)> = sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))
+            .bind(queue.as_str())
+            .bind(limit)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(parent_id, priority)| Lane::new(parent_id, priority))
+            .collect())
+    }
+
+    /// Leases up to `limit` claimable children of one parent, lowest sequence
+    /// first, and moves its lane. Writes take turns in SQLite, so a claim
+    /// never finds a lane busy and `turn` changes nothing.
+    pub async fn claim_lane(
+        &self,
+        request: &ClaimRequest,
+        parent_id: &ParentId,
+        limit: i64,
+        _turn: LaneTurn,
+    ) -> StoreResult<LaneClaim> {
         let mut tx = self.begin().await?;
-        let mut query = sqlx::query(AssertSqlSafe(format!(
+        let lane: Option<(Option<i64>, bool)> = sqlx::query_as(concat!(
+            "SELECT floor, coalesce(ready_at <= ",
+            now!(),
+            ", 0) FROM lane WHERE parent_id = ?1"
+        ))
+        .bind(parent_id.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((floor, due)) = lane else {
+            return Ok(LaneClaim::default());
+        };
+        if floor.is_none() && !due {
+            return Ok(LaneClaim {
+                taken: true,
+                ..LaneClaim::default()
+            });
+        }
+        let rows = sqlx::query(AssertSqlSafe(format!(
             "UPDATE child SET state = 'in_flight', attempts = attempts + 1, previous_claim_id = claim_id, \
-                 claim_id = ?3, claimed_by = ?4, \
-                 lease_expires_at = {lease}, available_at = NULL \
-             WHERE (parent_id, sequence) IN ({pick}) \
+                 claim_id = ?3, claimed_by = ?4, lease_expires_at = {lease}, available_at = NULL \
+             WHERE parent_id = ?1 AND sequence IN ( \
+                 SELECT sequence FROM ( \
+                     SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
+                       AND available_at IS NULL AND sequence >= ?6 ORDER BY sequence LIMIT ?2) \
+                 UNION ALL SELECT sequence FROM ( \
+                     SELECT sequence FROM child WHERE ?7 AND parent_id = ?1 AND state = 'pending' \
+                       AND available_at <= {now} ORDER BY sequence LIMIT ?2) \
+                 ORDER BY sequence LIMIT ?2) \
              RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, \
-                 (SELECT queue FROM parent p WHERE p.parent_id = child.parent_id) AS queue",
-            lease = now!(" ?5 ")
+                 (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
+            lease = now!(" ?5 "),
+            now = now!()
         )))
-        .bind(scope_key)
+        .bind(parent_id.as_str())
         .bind(limit)
         .bind(request.claim_id.to_string())
         .bind(request.worker.as_deref())
-        .bind(format!("+{} seconds", request.lease_seconds));
-        if let ClaimScope::Parent(_) = request.scope {
-            query = query.bind(floor);
+        .bind(format!("+{} seconds", request.lease_seconds))
+        .bind(floor)
+        .bind(due)
+        .fetch_all(&mut *tx)
+        .await?;
+        refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
+        if !rows.is_empty() {
+            let served: i64 = sqlx::query_scalar("UPDATE lane_clock SET served = served + 1 RETURNING served")
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE lane SET served = ?2 WHERE parent_id = ?1")
+                .bind(parent_id.as_str())
+                .bind(served)
+                .execute(&mut *tx)
+                .await?;
         }
-        let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        Ok(Leased::from_rows(rows.iter().map(rows::claimed_child))?)
+        let mut claim = LaneClaim::from_rows(&rows)?;
+        claim.taken = true;
+        Ok(claim)
     }
 
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
@@ -87,23 +148,24 @@ impl SqliteStore {
             .collect();
         let named = serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned());
         let mut tx = self.begin().await?;
-        let released = sqlx::query(concat!(
+        let released: Vec<String> = sqlx::query_scalar(concat!(
             "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
                  available_at = CASE WHEN ?3 > 0 THEN ",
             now!(" '+' || ?3 || ' seconds' "),
             " END \
              WHERE claim_id = ?1 AND state = 'in_flight' \
-               AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4)))"
+               AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4))) \
+             RETURNING parent_id"
         ))
         .bind(claim_id.to_string())
         .bind(children.is_none())
         .bind(delay_seconds)
         .bind(named)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_all(&mut *tx)
+        .await?;
+        refresh_lanes(&mut tx, released.iter().map(String::as_str).collect::<BTreeSet<_>>()).await?;
         tx.commit().await?;
-        Ok(released)
+        Ok(released.len() as u64)
     }
 
     /// Returns a held child to pending; whether it did, and the child after.
@@ -115,6 +177,9 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+        if retried == 1 {
+            refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
+        }
         let child = parents::child_in(&mut *tx, parent_id, sequence).await?;
         tx.commit().await?;
         Ok((retried == 1, child))
@@ -158,6 +223,12 @@ impl SqliteStore {
             failures.entry(parent_id.as_str()).or_default().failed += 1;
         }
         let completed = bump_parents(&mut tx, &failures).await?;
+        let pending: BTreeSet<&str> = moved
+            .iter()
+            .filter(|(_, state)| state == "pending")
+            .map(|(parent_id, _)| parent_id.as_str())
+            .collect();
+        refresh_lanes(&mut tx, pending).await?;
         tx.commit().await?;
         Ok((moved.len() as u64, completed))
     }

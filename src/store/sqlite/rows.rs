@@ -6,7 +6,7 @@ use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use crate::store::rows::{LedgerRow, row_columns};
-pub(super) use crate::store::rows::{child, claimed_child, parent};
+pub(super) use crate::store::rows::{child, parent};
 
 impl LedgerRow for SqliteRow {
     row_columns!();
