@@ -348,6 +348,14 @@ fn catalogue() -> Vec<Case> {
     .field("wait_seconds");
     c.put("max_attempts 0", "/v1/parents/V-new", json!({"max_attempts": 0}))
         .field("max_attempts");
+    c.put("priority 101", "/v1/parents/V-new", json!({"priority": 101}))
+        .field("priority");
+    c.put("priority -101", "/v1/parents/V-new", json!({"priority": -101}))
+        .field("priority");
+    c.put("priority 1.5", "/v1/parents/V-new", json!({"priority": 1.5}))
+        .field("priority");
+    c.put("priority a string", "/v1/parents/V-new", json!({"priority": "high"}))
+        .field("priority");
     c.post(
         "extend by 0 seconds",
         format!("/v1/claims/{uuid}/extend"),
