@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use child_ledger::ledger::{ClaimRequest, ClaimScope, Outcome, OutcomeWrite, ParentId, QueueName};
@@ -59,6 +60,10 @@ struct Sizes {
     peers_jobs: usize,
     /// Children of the fresh-database drain: as many as the peers' jobs.
     fresh: usize,
+    /// Children of each big parent in `burn_down_http.big_parents`.
+    big_parent: usize,
+    /// Children of the parent a small one is registered behind (`fairness`).
+    huge_parent: usize,
 }
 
 impl Sizes {
@@ -71,6 +76,8 @@ impl Sizes {
                 scale_rows: 500_000,
                 peers_jobs: 0,
                 fresh: 20_000,
+                big_parent: 20_000,
+                huge_parent: 100_000,
             }
         } else {
             Self {
@@ -80,6 +87,8 @@ impl Sizes {
                 scale_rows: 10_000_000,
                 peers_jobs: 200_000,
                 fresh: 200_000,
+                big_parent: 100_000,
+                huge_parent: 1_000_000,
             }
         }
     }
@@ -123,13 +132,11 @@ impl Scenario {
 
     fn met(&self) -> Option<bool> {
         let target = self.target.as_deref()?;
+        // "<= 1.5" bounds the ratio; "<= 150 MiB" or "<= 16 claims" the value.
         let (op, bound) = target.split_once(' ')?;
-        let bound: f64 = bound.trim_end_matches(" MiB").trim_end_matches('x').parse().ok()?;
-        let value = if target.ends_with("MiB") {
-            self.value
-        } else {
-            self.ratio?
-        };
+        let (bound, unit) = bound.split_once(' ').unwrap_or((bound, ""));
+        let bound: f64 = bound.trim_end_matches('x').parse().ok()?;
+        let value = if unit.is_empty() { self.ratio? } else { self.value };
         Some(match op {
             ">=" => value >= bound,
             "<=" => value <= bound,
@@ -232,9 +239,10 @@ fn payload(i: usize) -> serde_json::Value {
     json!({"event": i, "source": "bench", "body": "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"})
 }
 
-fn registration_body(n: usize, queue: &str, decomposed: bool) -> Vec<u8> {
+fn registration_body(n: usize, queue: &str, decomposed: bool, priority: i32) -> Vec<u8> {
     let children: Vec<_> = (0..n).map(|i| json!({"payload": payload(i)})).collect();
-    serde_json::to_vec(&json!({"queue": queue, "children": children, "decomposed": decomposed})).unwrap()
+    serde_json::to_vec(&json!({"queue": queue, "children": children, "decomposed": decomposed, "priority": priority}))
+        .unwrap()
 }
 
 async fn put_raw(client: &reqwest::Client, url: &str, body: Vec<u8>) -> reqwest::StatusCode {
@@ -250,12 +258,17 @@ async fn put_raw(client: &reqwest::Client, url: &str, body: Vec<u8>) -> reqwest:
 
 /// Registers `n` children under one parent, in pages of 100k (append + seal beyond).
 async fn register(client: &reqwest::Client, base: &str, parent: &str, queue: &str, n: usize) {
+    register_at(client, base, parent, queue, n, 0).await
+}
+
+/// `register` at a queue priority.
+async fn register_at(client: &reqwest::Client, base: &str, parent: &str, queue: &str, n: usize, priority: i32) {
     const PAGE: usize = 100_000;
     if n <= PAGE {
         let status = put_raw(
             client,
             &format!("{base}/v1/parents/{parent}"),
-            registration_body(n, queue, true),
+            registration_body(n, queue, true, priority),
         )
         .await;
         assert!(status.is_success(), "register {parent}: {status}");
@@ -264,7 +277,7 @@ async fn register(client: &reqwest::Client, base: &str, parent: &str, queue: &st
     let status = put_raw(
         client,
         &format!("{base}/v1/parents/{parent}"),
-        registration_body(0, queue, false),
+        registration_body(0, queue, false, priority),
     )
     .await;
     assert!(status.is_success(), "register {parent}: {status}");
@@ -433,6 +446,169 @@ fn parent_scopes(parent: &str, n: usize) -> Vec<ClaimScope> {
     vec![ClaimScope::Parent(ParentId::parse(parent).unwrap()); n]
 }
 
+/// One answered queue claim of a running load: its number in answer order,
+/// when it was answered, and how many children it took from each parent.
+struct Served {
+    number: u64,
+    sent: Instant,
+    at: Instant,
+    parents: Vec<(String, usize)>,
+}
+
+/// `WORKERS` HTTP workers claiming 100 at a time from a queue and posting
+/// their outcomes until stopped; every claim that returned children is kept.
+struct QueueLoad {
+    stop: Arc<AtomicBool>,
+    served: Arc<Mutex<Vec<Served>>>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl QueueLoad {
+    fn start(base: &str, queue: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let claims = Arc::new(AtomicU64::new(0));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+        let workers = (0..WORKERS)
+            .map(|_| {
+                let (stop, claims, served, client) = (stop.clone(), claims.clone(), served.clone(), client.clone());
+                let claim_url = format!("{base}/v1/queues/{queue}/claims");
+                let outcomes_url = format!("{base}/v1/outcomes");
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let sent = Instant::now();
+                        let reply = client
+                            .post(&claim_url)
+                            .json(&json!({"limit": 100}))
+                            .send()
+                            .await
+                            .unwrap();
+                        assert!(reply.status().is_success(), "claim: {}", reply.status());
+                        let claim: ClaimReply = reply.json().await.unwrap();
+                        if claim.children.is_empty() {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            continue;
+                        }
+                        let number = claims.fetch_add(1, Ordering::SeqCst);
+                        let mut parents: Vec<(String, usize)> = Vec::new();
+                        for c in &claim.children {
+                            match parents.iter_mut().find(|(p, _)| *p == c.parent_id) {
+                                Some((_, n)) => *n += 1,
+                                None => parents.push((c.parent_id.clone(), 1)),
+                            }
+                        }
+                        served.lock().unwrap().push(Served {
+                            number,
+                            sent,
+                            at: Instant::now(),
+                            parents,
+                        });
+                        let items: Vec<_> = claim
+                            .children
+                            .iter()
+                            .map(|c| OutcomeItem {
+                                parent_id: &c.parent_id,
+                                sequence: c.sequence,
+                                outcome: "processed",
+                                claim_id: claim.claim_id,
+                            })
+                            .collect();
+                        let r = client
+                            .post(&outcomes_url)
+                            .json(&json!({ "outcomes": items }))
+                            .send()
+                            .await
+                            .unwrap();
+                        assert!(r.status().is_success(), "outcomes: {}", r.status());
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            served,
+            workers,
+        }
+    }
+
+    /// Children claimed so far.
+    fn children(&self) -> usize {
+        self.served
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|s| &s.parents)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Waits until `parent` has had `n` children claimed (60 s at most);
+    /// returns the claims that took its first and its last child.
+    async fn until_claimed(&self, parent: &str, n: usize) -> (u64, Instant, u64, Instant) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            {
+                let served = self.served.lock().unwrap();
+                let mut got = 0;
+                let mut first = None;
+                for s in served.iter() {
+                    if let Some((_, k)) = s.parents.iter().find(|(p, _)| p == parent) {
+                        first.get_or_insert((s.number, s.at));
+                        got += k;
+                        if got >= n {
+                            let (first_number, first_at) = first.unwrap();
+                            return (first_number, first_at, s.number, s.at);
+                        }
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "{parent} was not claimed within 60 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Claims sent at or after `since` and answered before claim `number`.
+    fn sent_since_before(&self, since: Instant, number: u64) -> usize {
+        let served = self.served.lock().unwrap();
+        served.iter().filter(|s| s.sent >= since && s.number < number).count()
+    }
+
+    /// Children of parents other than `parent` claimed in claims numbered `from..=to`.
+    fn others_between(&self, parent: &str, from: u64, to: u64) -> usize {
+        let served = self.served.lock().unwrap();
+        served
+            .iter()
+            .filter(|s| (from..=to).contains(&s.number))
+            .flat_map(|s| &s.parents)
+            .filter(|(p, _)| p != parent)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for w in self.workers {
+            w.await.unwrap();
+        }
+    }
+}
+
+/// Burns `parents` of `n` children each, registered in one queue of a fresh
+/// database with no VACUUM before the drain, through queue claims. Returns children/s.
+async fn fresh_queue_burn(admin_url: &str, tag: &str, parents: usize, n: usize) -> (f64, f64) {
+    let db = ScratchDb::create(admin_url, tag).await;
+    let service = Service::start(&db.url).await;
+    let client = reqwest::Client::new();
+    for p in 0..parents {
+        register(&client, &service.base, &format!("{tag}-{p}"), tag, n).await;
+    }
+    let path = format!("/v1/queues/{tag}/claims");
+    let rate = burn_down_http(&service.base, &vec![path; WORKERS], 100, (parents * n) as u64).await;
+    let rss = service.stop().await;
+    db.drop_now().await;
+    (rate, rss)
+}
+
 /// Puts the database in the same state before every measured run, so neither
 /// side pays for the previous scenario's checkpoint or dead rows.
 async fn settle(database_url: &str) {
@@ -481,7 +657,7 @@ async fn register_rate(base: &str, tag: &str, n: usize, runs: usize) -> f64 {
     let client = reqwest::Client::new();
     let mut best: f64 = 0.0;
     for run in 0..runs {
-        let body = registration_body(n, "register", true);
+        let body = registration_body(n, "register", true, 0);
         let started = Instant::now();
         let status = put_raw(&client, &format!("{base}/v1/parents/{tag}-{run}"), body).await;
         assert_eq!(status, reqwest::StatusCode::CREATED);
@@ -772,6 +948,93 @@ async fn main() {
     settle(&db.url).await;
     let fresh = burn_down_http(&service.base, &parent_paths("fresh", WORKERS), 100, sizes.fresh as u64).await;
     scenarios.push(Scenario::new("burn_down_http.fresh_database", "children/s", fresh).against("burn_down_http", http));
+    peak_rss = peak_rss.max(service.stop().await);
+    db.drop_now().await;
+
+    // --- Postgres: big and small parents mixed on one queue ------------------
+    // Fresh databases, no VACUUM between registration and drain (autovacuum is
+    // off on every machine here): the queue claim must not slow down as the
+    // parents it serves leave dead index entries behind.
+    let big = sizes.big_parent;
+    eprintln!("burn_down_http.big_parents: 1 x {big}, then 4 x {big} on one queue ...");
+    let (one_big, rss) = fresh_queue_burn(&args.admin_url, "onebig", 1, big).await;
+    peak_rss = peak_rss.max(rss);
+    let (four_big, rss) = fresh_queue_burn(&args.admin_url, "fourbig", 4, big).await;
+    peak_rss = peak_rss.max(rss);
+    scenarios.push(
+        Scenario::new("burn_down_http.big_parents", "children/s", four_big)
+            .against(&format!("one parent of {big}"), one_big)
+            .target(">= 0.8"),
+    );
+
+    // A 10-child parent registered behind a huge one, under a running load.
+    let huge = sizes.huge_parent;
+    eprintln!("fairness: 10 children behind {huge} ...");
+    let db = ScratchDb::create(&args.admin_url, "fair").await;
+    let service = Service::start(&db.url).await;
+    register(&client, &service.base, "huge", "fair", huge).await;
+    let load = QueueLoad::start(&service.base, "fair");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let registering_at = Instant::now();
+    register(&client, &service.base, "small", "fair", 10).await;
+    let registered_at = Instant::now();
+    let (first, first_at, _, _) = load.until_claimed("small", 1).await;
+    // Claims sent once the small parent was registered that passed it by.
+    let passed = load.sent_since_before(registered_at, first);
+    let big_left = huge - load.children();
+    load.stop().await;
+    scenarios.push(
+        Scenario::new(
+            "fairness",
+            "claims sent after it that passed the small parent by",
+            passed as f64,
+        )
+        .against(
+            "claims the huge parent still needed (first come, first served)",
+            (big_left / 100) as f64,
+        )
+        .target(&format!("<= {} claims", 2 * WORKERS)),
+    );
+    scenarios.push(Scenario::new(
+        "fairness.ms",
+        "ms from its registration to its first claim",
+        first_at.saturating_duration_since(registering_at).as_secs_f64() * 1000.0,
+    ));
+    peak_rss = peak_rss.max(service.stop().await);
+    db.drop_now().await;
+
+    // An urgent parent registered at a higher priority under a running load.
+    let urgent = 2_000;
+    eprintln!("priority: {urgent} urgent children over 4 x {} ...", big / 2);
+    let db = ScratchDb::create(&args.admin_url, "prio").await;
+    let service = Service::start(&db.url).await;
+    for p in 0..4 {
+        register(&client, &service.base, &format!("normal-{p}"), "prio", big / 2).await;
+    }
+    let load = QueueLoad::start(&service.base, "prio");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (steady_from, steady_children) = (Instant::now(), load.children());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let steady_rate = (load.children() - steady_children) as f64 / steady_from.elapsed().as_secs_f64();
+    register_at(&client, &service.base, "urgent", "prio", urgent, 10).await;
+    let registered_at = Instant::now();
+    let (first, _, last, last_at) = load.until_claimed("urgent", urgent).await;
+    let lower_during = load.others_between("urgent", first, last);
+    load.stop().await;
+    let took_ms = last_at.saturating_duration_since(registered_at).as_secs_f64() * 1000.0;
+    scenarios.push(
+        Scenario::new("priority", "ms until every urgent child is claimed", took_ms)
+            .against(
+                "ms the whole queue takes for as many",
+                urgent as f64 / steady_rate * 1000.0,
+            )
+            .target("<= 1.5"),
+    );
+    scenarios.push(Scenario::new(
+        "priority.lower_claimed",
+        "lower-priority children claimed meanwhile",
+        lower_during as f64,
+    ));
     peak_rss = peak_rss.max(service.stop().await);
     db.drop_now().await;
 

@@ -34,7 +34,12 @@ fn taken(claim: &Value) -> Vec<(String, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (c["parent_id"].as_str().unwrap().to_owned(), c["sequence"].as_u64().unwrap()))
+        .map(|c| {
+            (
+                c["parent_id"].as_str().unwrap().to_owned(),
+                c["sequence"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -54,13 +59,22 @@ async fn each_parent_served_within_p_claims(backend: Backend) {
     for _ in 0..12 {
         let claim = queue_claim(&app, "fair", 5).await;
         let from = parents_of(&claim);
-        assert_eq!(from.len(), 1, "a claim the first parent can fill takes only from it: {claim}");
+        assert_eq!(
+            from.len(),
+            1,
+            "a claim the first parent can fill takes only from it: {claim}"
+        );
         served.push(from.into_iter().next().unwrap());
     }
     assert_eq!(&served[..4], ["A", "B", "C", "D"], "never served first, oldest first");
     for window in served.windows(parents.len()) {
         let seen: BTreeSet<&str> = window.iter().map(String::as_str).collect();
-        assert_eq!(seen.len(), parents.len(), "a window of {} claims missed a parent: {served:?}", parents.len());
+        assert_eq!(
+            seen.len(),
+            parents.len(),
+            "a window of {} claims missed a parent: {served:?}",
+            parents.len()
+        );
     }
     // Lowest sequence first within each parent: each parent's claims are
     // consecutive runs from 0.
@@ -110,7 +124,10 @@ async fn short_claim_is_filled_from_the_next_parents(backend: Backend) {
         .collect();
     assert_eq!(got, want);
     // A and B have nothing left; C was served least recently of those with work.
-    assert_eq!(taken(&queue_claim(&app, "fill", 7).await), [("C".to_owned(), 1), ("C".to_owned(), 2)]);
+    assert_eq!(
+        taken(&queue_claim(&app, "fill", 7).await),
+        [("C".to_owned(), 1), ("C".to_owned(), 2)]
+    );
     assert!(taken(&queue_claim(&app, "fill", 7).await).is_empty());
 }
 
@@ -164,7 +181,10 @@ async fn higher_priority_first(backend: Backend) {
     assert_eq!(taken(&queue_claim(&app, "prio", 1).await), [("urgent-1".to_owned(), 0)]);
 
     let bad = app
-        .put("/v1/parents/too-urgent", json!({"children": children(1), "priority": 101}))
+        .put(
+            "/v1/parents/too-urgent",
+            json!({"children": children(1), "priority": 101}),
+        )
         .await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(bad.body.to_string().contains("priority"), "{:?}", bad.body);
@@ -183,7 +203,11 @@ async fn no_child_in_two_live_claims(backend: Backend) {
     let replica = app.replica().await;
     let workers: Vec<_> = (0..12)
         .map(|w| {
-            let base = if w % 2 == 0 { app.base.clone() } else { replica.base.clone() };
+            let base = if w % 2 == 0 {
+                app.base.clone()
+            } else {
+                replica.base.clone()
+            };
             tokio::spawn(async move {
                 let client = reqwest::Client::new();
                 let mut got = Vec::new();

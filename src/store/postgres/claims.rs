@@ -19,7 +19,10 @@ use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 /// lease the lowest claimable sequences from its floor up (and delayed
 /// children that are due), then move the floor past what it took and stamp
 /// the lane served. Every row it locks belongs to parent `$1`. The last row
-/// (sequence NULL) says the lane was there and taken. Binds: `$1` parent id,
+/// (sequence NULL) says the lane was there and taken. The update joins the
+/// picked rows on both key columns and names no parent of its own: with a
+/// constant `parent_id` the planner, whose statistics may predate the parent
+/// and so expect one row of it, would walk every child of the parent. Binds: `$1` parent id,
 /// `$2` limit, `$3` claim id, `$4` worker, `$5` lease seconds.
 fn lane_claim(lock: &str) -> String {
     format!(
@@ -27,20 +30,20 @@ fn lane_claim(lock: &str) -> String {
              SELECT queue, floor, ready_at <= now() AS due, (floor IS NOT NULL OR ready_at <= now()) AS open \
              FROM lane WHERE parent_id = $1 {lock}), \
          fresh AS ( \
-             SELECT c.sequence FROM child c \
+             SELECT c.parent_id, c.sequence FROM child c \
              WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NULL \
                AND c.sequence >= (SELECT floor FROM lane) \
              ORDER BY c.sequence LIMIT $2 FOR UPDATE SKIP LOCKED), \
          due AS ( \
-             SELECT c.sequence FROM child c \
+             SELECT c.parent_id, c.sequence FROM child c \
              WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() AND (SELECT due FROM lane) \
              ORDER BY c.sequence LIMIT $2 FOR UPDATE SKIP LOCKED), \
-         picked AS (SELECT sequence FROM fresh UNION ALL SELECT sequence FROM due ORDER BY sequence LIMIT $2), \
+         picked AS (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2), \
          claimed AS ( \
              UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
                  claim_id = $3, claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), \
                  available_at = NULL \
-             FROM picked WHERE c.parent_id = $1 AND c.sequence = picked.sequence \
+             FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
              RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, c.lease_expires_at), \
          moved AS ( \
              UPDATE lane l SET \
@@ -115,10 +118,11 @@ impl PgStore {
         Ok(LaneClaim::from_rows(&rows)?)
     }
 
-    /// The parents with children this claim still holds, in a stable order.
-    async fn parents_of_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT DISTINCT parent_id FROM child WHERE claim_id = $1 AND state = 'in_flight' ORDER BY parent_id",
+    /// The children this claim still holds, by parent in id order.
+    async fn held_by_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<(String, Vec<i64>)>> {
+        Ok(sqlx::query_as(
+            "SELECT parent_id, array_agg(sequence) FROM child WHERE claim_id = $1 AND state = 'in_flight' \
+             GROUP BY parent_id ORDER BY parent_id",
         )
         .bind(claim_id)
         .fetch_all(&mut **tx)
@@ -129,15 +133,18 @@ impl PgStore {
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
         let mut tx = self.begin().await?;
         let (mut extended, mut expires) = (0, None);
-        for parent_id in Self::parents_of_claim(&mut tx, claim_id).await? {
+        for (parent_id, sequences) in Self::held_by_claim(&mut tx, claim_id).await? {
             let (n, at): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
                 "WITH extended AS ( \
-                     UPDATE child SET lease_expires_at = now() + make_interval(secs => $3) \
-                     WHERE parent_id = $1 AND claim_id = $2 AND state = 'in_flight' AND lease_expires_at > now() \
-                     RETURNING lease_expires_at) \
+                     UPDATE child c SET lease_expires_at = now() + make_interval(secs => $4) \
+                     FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
+                     WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+                       AND c.claim_id = $3 AND c.state = 'in_flight' AND c.lease_expires_at > now() \
+                     RETURNING c.lease_expires_at) \
                  SELECT count(*), max(lease_expires_at) FROM extended",
             )
-            .bind(&parent_id)
+            .bind(vec![parent_id.as_str(); sequences.len()])
+            .bind(&sequences)
             .bind(claim_id)
             .bind(lease_seconds as f64)
             .fetch_one(&mut *tx)
@@ -155,11 +162,7 @@ impl PgStore {
     pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
         let mut tx = self.begin().await?;
         let groups: Vec<(String, Vec<i64>)> = match children {
-            None => Self::parents_of_claim(&mut tx, claim_id)
-                .await?
-                .into_iter()
-                .map(|p| (p, Vec::new()))
-                .collect(),
+            None => Self::held_by_claim(&mut tx, claim_id).await?,
             Some(children) => {
                 let mut named: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
                 for c in children {
@@ -172,23 +175,24 @@ impl PgStore {
         for (parent_id, sequences) in groups {
             let n: i64 = sqlx::query_scalar(
                 "WITH released AS ( \
-                     UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                         available_at = CASE WHEN $3 > 0 THEN now() + make_interval(secs => $3) END \
-                     WHERE parent_id = $1 AND claim_id = $2 AND state = 'in_flight' \
-                       AND ($4 OR sequence = ANY($5)) \
-                     RETURNING sequence, available_at), \
+                     UPDATE child c SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
+                         available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) END \
+                     FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
+                     WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+                       AND c.claim_id = $4 AND c.state = 'in_flight' \
+                     RETURNING c.sequence, c.available_at), \
                  lowered AS ( \
                      UPDATE lane SET \
                          floor = least(floor, (SELECT min(sequence) FROM released WHERE available_at IS NULL)), \
                          ready_at = least(ready_at, (SELECT min(available_at) FROM released)) \
-                     WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM released)) \
+                     WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM released)) \
                  SELECT count(*) FROM released",
             )
+            .bind(vec![parent_id.as_str(); sequences.len()])
+            .bind(&sequences)
             .bind(&parent_id)
             .bind(claim_id)
             .bind(delay_seconds as f64)
-            .bind(children.is_none())
-            .bind(&sequences)
             .fetch_one(&mut *tx)
             .await?;
             released += n as u64;
@@ -245,8 +249,9 @@ impl PgStore {
         for (parent_id, sequences) in found {
             let rows: Vec<(Option<String>, i64)> = retry_transient!(
                 sqlx::query_as(AssertSqlSafe(EXPIRE_IN_PARENT.as_str()))
-                    .bind(&parent_id)
+                    .bind(vec![parent_id.as_str(); sequences.len()])
                     .bind(&sequences)
+                    .bind(&parent_id)
                     .fetch_all(&self.pool)
                     .await
                     .map_err(Into::into)
@@ -262,16 +267,19 @@ impl PgStore {
     }
 }
 
-/// Moves the children of parent `$1` at sequences `$2` whose lease ran out:
-/// exhausted ones fail (and count), `hold` parents keep theirs held, the rest
-/// become claimable again and lower the lane's floor; all remember the attempt
-/// expired. Rows another statement holds are left for the next sweep.
+/// Moves the children of one parent (`$1`/`$2`: its id for each sequence,
+/// joined on both key columns as in `lane_claim`; `$3`: its id) whose lease
+/// ran out: exhausted ones fail (and count), `hold` parents keep theirs held,
+/// the rest become claimable again and lower the lane's floor; all remember
+/// the attempt expired. Rows another statement holds are left for the next sweep.
 static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH expired AS ( \
-             SELECT c.sequence FROM child c \
-             WHERE c.parent_id = $1 AND c.sequence = ANY($2) AND c.state = 'in_flight' AND c.lease_expires_at <= now() \
-             FOR UPDATE SKIP LOCKED), \
+             SELECT c.parent_id, c.sequence FROM child c \
+             JOIN unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
+                 ON c.parent_id = u.parent_id AND c.sequence = u.sequence \
+             WHERE c.state = 'in_flight' AND c.lease_expires_at <= now() \
+             FOR UPDATE OF c SKIP LOCKED), \
          moved AS ( \
              UPDATE child c SET \
                  state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
@@ -282,7 +290,7 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
                                     THEN now() ELSE c.terminal_at END, \
                  previous_attempt = 'expired' \
              FROM expired e, parent p \
-             WHERE c.parent_id = $1 AND c.sequence = e.sequence AND p.parent_id = $1 \
+             WHERE c.parent_id = e.parent_id AND c.sequence = e.sequence AND p.parent_id = e.parent_id \
              RETURNING c.parent_id, c.sequence, c.state), \
          deltas AS ( \
              SELECT parent_id, 0 AS processed, count(*) AS failed, 0 AS skipped \
@@ -290,7 +298,7 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
          {bump}, \
          lowered AS ( \
              UPDATE lane SET floor = least(floor, (SELECT min(sequence) FROM moved WHERE state = 'pending')) \
-             WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM moved WHERE state = 'pending')) \
+             WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM moved WHERE state = 'pending')) \
          SELECT NULL, count(*) FROM moved \
          UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
         bump = BUMP_PARENTS.as_str()

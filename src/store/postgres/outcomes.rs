@@ -39,19 +39,22 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Child transitions of one parent, `$1`, and its counters in one statement.
-/// The guarded UPDATE only touches non-terminal rows of a decomposed parent,
-/// so what it returns is exactly the set of writes that won.
+/// Child transitions of one parent and its counters in one statement. The
+/// guarded UPDATE only touches non-terminal rows of a decomposed parent, so
+/// what it returns is exactly the set of writes that won. The parent comes in
+/// as an array (the same id for every write) joined on both key columns: a
+/// constant `parent_id` would let a planner whose statistics predate the
+/// parent walk every child of it instead of looking each one up.
 static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH input AS ( \
-             SELECT * FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
-                 AS u(sequence, outcome, reason, result, claim_id)), \
+             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
+                 AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
          applied AS ( \
              UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
                  terminal_at = now(), outcome_attempt = {credited} \
-             FROM input u JOIN parent p ON p.parent_id = $1 AND p.decomposed_at IS NOT NULL \
-             WHERE c.parent_id = $1 AND c.sequence = u.sequence \
+             FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
+             WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                AND c.state IN ('pending', 'in_flight', 'held') \
              RETURNING c.parent_id, c.sequence, c.state), \
          deltas AS ( \
@@ -124,13 +127,14 @@ async fn apply_in_parent<'e>(
     parent_id: &str,
     writes: &[&OutcomeWrite],
 ) -> StoreResult<Vec<AppliedRow>> {
+    let parents = vec![parent_id; writes.len()];
     let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
     let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
     let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
     let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
     let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
     Ok(sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
-        .bind(parent_id)
+        .bind(&parents)
         .bind(&sequences)
         .bind(&outcomes)
         .bind(&reasons)
