@@ -17,9 +17,13 @@ use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 /// A claim on one parent's lane: lock the lane row (waiting for the claim of
 /// the same parent ahead of it, or skipping a busy lane with `SKIP LOCKED`),
 /// lease the lowest claimable sequences from its floor up (and delayed
-/// children that are due), then move the floor past what it took and stamp
+/// children that are due, earliest due first), then move the floor past what it took and stamp
 /// the lane served. Every row it locks belongs to parent `$1`. The last row
-/// (sequence NULL) says the lane was there and taken. The update joins the
+/// (sequence NULL) says the lane was there and taken. Each part has one
+/// index that serves it in order (`child_pending` from the floor,
+/// `child_delayed` by due time, the primary key for the update), so the plan
+/// is the same whatever the statistics say, and a cached generic plan is
+/// safe: the statement is prepared once per connection, not planned per call. The update joins the
 /// picked rows on both key columns and names no parent of its own: with a
 /// constant `parent_id` the planner, whose statistics may predate the parent
 /// and so expect one row of it, would walk every child of the parent. Binds: `$1` parent id,
@@ -37,7 +41,7 @@ fn lane_claim(lock: &str) -> String {
          due AS ( \
              SELECT c.parent_id, c.sequence FROM child c \
              WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() AND (SELECT due FROM lane) \
-             ORDER BY c.sequence LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             ORDER BY c.available_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          picked AS (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2), \
          claimed AS ( \
              UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
@@ -107,10 +111,6 @@ impl PgStore {
                 .bind(request.claim_id)
                 .bind(request.worker.as_deref())
                 .bind(request.lease_seconds as f64)
-                // Never a cached generic plan: one prepared while `child` was small
-                // would seq-scan it once it is big. Planning with the real values
-                // costs ~0.05 ms and always finds the pending index.
-                .persistent(false)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(Into::into)

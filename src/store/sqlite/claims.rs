@@ -39,6 +39,37 @@ async fn refresh_lanes<'a>(tx: &mut SqliteTx, parents: impl IntoIterator<Item = 
 
 static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes(now!()));
 
+/// Leases up to `?2` children of parent `?1` from `?6`, its floor, up (and,
+/// with `due`, its delayed children that are due, earliest due first), lowest
+/// sequence first. Binds: `?3` claim id, `?4` worker, `?5` lease modifier.
+fn lane_claim(due: bool) -> String {
+    let due = if due {
+        format!(
+            "UNION ALL SELECT sequence FROM ( \
+                 SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
+                   AND available_at <= {now} ORDER BY available_at LIMIT ?2)",
+            now = now!()
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "UPDATE child SET state = 'in_flight', attempts = attempts + 1, previous_claim_id = claim_id, \
+             claim_id = ?3, claimed_by = ?4, lease_expires_at = {lease}, available_at = NULL \
+         WHERE parent_id = ?1 AND sequence IN ( \
+             SELECT sequence FROM ( \
+                 SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
+                   AND available_at IS NULL AND sequence >= ?6 ORDER BY sequence LIMIT ?2) \
+             {due} ORDER BY sequence LIMIT ?2) \
+         RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, \
+             (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
+        lease = now!(" ?5 ")
+    )
+}
+
+static CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim(false));
+static CLAIM_WITH_DUE: LazyLock<String> = LazyLock::new(|| lane_claim(true));
+
 impl SqliteStore {
     /// The first `limit` claimable lanes of a queue, in serving order.
     pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
@@ -81,29 +112,14 @@ impl SqliteStore {
                 ..LaneClaim::default()
             });
         }
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE child SET state = 'in_flight', attempts = attempts + 1, previous_claim_id = claim_id, \
-                 claim_id = ?3, claimed_by = ?4, lease_expires_at = {lease}, available_at = NULL \
-             WHERE parent_id = ?1 AND sequence IN ( \
-                 SELECT sequence FROM ( \
-                     SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
-                       AND available_at IS NULL AND sequence >= ?6 ORDER BY sequence LIMIT ?2) \
-                 UNION ALL SELECT sequence FROM ( \
-                     SELECT sequence FROM child WHERE ?7 AND parent_id = ?1 AND state = 'pending' \
-                       AND available_at <= {now} ORDER BY sequence LIMIT ?2) \
-                 ORDER BY sequence LIMIT ?2) \
-             RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, \
-                 (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
-            lease = now!(" ?5 "),
-            now = now!()
-        )))
+        let sql = if due { &*CLAIM_WITH_DUE } else { &*CLAIM };
+        let rows = sqlx::query(AssertSqlSafe(sql.as_str()))
         .bind(parent_id.as_str())
         .bind(limit)
         .bind(request.claim_id.to_string())
         .bind(request.worker.as_deref())
         .bind(format!("+{} seconds", request.lease_seconds))
         .bind(floor)
-        .bind(due)
         .fetch_all(&mut *tx)
         .await?;
         refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
