@@ -524,11 +524,7 @@ impl QueueLoad {
                 })
             })
             .collect();
-        Self {
-            stop,
-            served,
-            workers,
-        }
+        Self { stop, served, workers }
     }
 
     /// Children claimed so far.

@@ -12,6 +12,10 @@ use sqlx::Connection;
 
 const CHILDREN: usize = 100_000;
 
+/// One claim of 100 as the lane claim statement takes it: per position, the
+/// claim id, the worker and the lease seconds.
+const CLAIM_ARGS: &str = "array_fill(gen_random_uuid(), ARRAY[100]), array_fill(NULL::text, ARRAY[100]), array_fill(300::float8, ARRAY[100])";
+
 async fn hundred_thousand_children(backend: Backend) {
     let app = spawn_app(backend).await;
     let children: Vec<_> = (0..CHILDREN)
@@ -43,7 +47,7 @@ async fn hundred_thousand_children(backend: Backend) {
         // service plans it (never a cached generic plan).
         let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "PREPARE lane_claim (text, bigint, uuid, text, float8) AS {}",
+            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[]) AS {}",
             &*child_ledger::store::POSTGRES_LANE_CLAIM
         )))
         .execute(&mut conn)
@@ -51,7 +55,7 @@ async fn hundred_thousand_children(backend: Backend) {
         .unwrap();
         let plan = explain(
             &mut conn,
-            "EXPLAIN EXECUTE lane_claim('P-big', 100, gen_random_uuid(), NULL, 300)",
+            &format!("EXPLAIN EXECUTE lane_claim('P-big', 100, {CLAIM_ARGS})"),
         )
         .await;
         assert!(
@@ -95,9 +99,9 @@ async fn hundred_thousand_children(backend: Backend) {
 
 /// The buffers one lane claim of 100 touches, measured by running it.
 async fn claim_buffers(conn: &mut sqlx::PgConnection) -> i64 {
-    let analyzed: serde_json::Value = sqlx::query_scalar(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lane_claim('P-big', 100, gen_random_uuid(), NULL, 300)",
-    )
+    let analyzed: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lane_claim('P-big', 100, {CLAIM_ARGS})"
+    )))
     .fetch_one(&mut *conn)
     .await
     .unwrap();

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::rows::{Lane, LaneTurn, Leased};
+use super::rows::{Lane, LaneAsk, LaneTurn, Leased};
 use super::{ChildRef, Db, Store, StoreError, StoreResult, dispatch};
 use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 
@@ -108,6 +108,9 @@ impl Store {
     }
 
     /// Up to `limit` children of one parent; whether its lane was taken.
+    /// Claims of the same parent in this process share a statement when they
+    /// arrive while one runs (see `combine`); a queue claim passes a lane this
+    /// process is claiming from by, as it would pass one locked elsewhere.
     async fn claim_lane(
         &self,
         request: &ClaimRequest,
@@ -115,7 +118,27 @@ impl Store {
         limit: i64,
         turn: LaneTurn,
     ) -> StoreResult<(Leased, bool)> {
-        let claim = dispatch!(self, s => s.claim_lane(request, parent_id, limit, turn).await)?;
+        let key = (parent_id.clone(), turn);
+        if turn == LaneTurn::Skip
+            && (self.lane_claims.busy(&key) || self.lane_claims.busy(&(parent_id.clone(), LaneTurn::Wait)))
+        {
+            return Ok((Leased::default(), false));
+        }
+        let ask = LaneAsk {
+            claim_id: request.claim_id,
+            worker: request.worker.clone(),
+            lease_seconds: request.lease_seconds,
+            limit,
+        };
+        let store = self.clone();
+        let parent = parent_id.clone();
+        let claim = self
+            .lane_claims
+            .submit(key, ask, move |asks| {
+                let (store, parent) = (store.clone(), parent.clone());
+                async move { dispatch!(store, s => s.claim_lane(&parent, &asks, turn).await) }
+            })
+            .await?;
         Ok((claim.leased, claim.taken))
     }
 

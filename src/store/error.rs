@@ -53,6 +53,15 @@ impl From<sqlx::Error> for StoreError {
 }
 
 impl StoreError {
+    /// The same failure, for another caller of a combined statement.
+    pub(crate) fn shared_copy(&self) -> Self {
+        let err = sqlx::Error::Protocol(format!("a combined statement failed: {self}"));
+        match self {
+            Self::Unavailable(_) => Self::Unavailable(err),
+            _ => Self::Db(err),
+        }
+    }
+
     /// A bulk child insert's error: a unique violation there can only be a
     /// child key (sequences are either new or absorbed by `ON CONFLICT`).
     pub(crate) fn from_child_insert(err: sqlx::Error, parent_id: &ParentId) -> Self {

@@ -9,6 +9,7 @@
 //! The store answers in its own types and `StoreError`; it never speaks HTTP.
 
 mod claims;
+mod combine;
 mod error;
 mod outcomes;
 mod parents;
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::ledger::{Child, ParentId, QueueName};
+use crate::ledger::{Child, OutcomeWrite, ParentId, QueueName};
 
 pub use claims::Claimed;
 #[cfg(test)]
@@ -66,6 +67,10 @@ impl Default for StoreOptions {
 #[derive(Debug, Clone)]
 pub struct Store {
     db: Db,
+    /// Lane claims waiting for their parent's next statement.
+    lane_claims: Arc<combine::Combiner<(ParentId, rows::LaneTurn), rows::LaneAsk, rows::LaneClaim>>,
+    /// Outcome batches of one parent waiting for its next statement.
+    outcome_batches: Arc<combine::Combiner<ParentId, Vec<OutcomeWrite>, rows::Applied>>,
     /// Children whose expired lease this process swept, for the metrics.
     expired_total: Arc<AtomicU64>,
     /// Parents this process completed, for the metrics.
@@ -195,6 +200,8 @@ impl Store {
         };
         Ok(Self {
             db,
+            lane_claims: Arc::default(),
+            outcome_batches: Arc::default(),
             expired_total: Arc::default(),
             completed_total: Arc::default(),
         })

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use super::rows::Applied;
 use super::{Db, Store, StoreResult, Tx, dispatch, in_tx, retry_transient};
 use crate::ledger::outcome::{losing_status, rounds};
 use crate::ledger::{OutcomeStatus, OutcomeWrite};
@@ -47,7 +48,7 @@ impl Store {
                 retried = trying.iter().map(|&i| writes[i].clone()).collect();
                 &retried
             };
-            let applied = dispatch!(self, s => s.apply_outcomes(batch).await)?;
+            let applied = self.apply(batch).await?;
             self.completed(&applied.completed);
             if applied.won.len() == batch.len() {
                 return Ok(statuses);
@@ -76,6 +77,59 @@ impl Store {
             statuses[i] = OutcomeStatus::NotDecomposed;
         }
         Ok(statuses)
+    }
+
+    /// Applies writes. A batch of one parent (what a claim hands out) goes
+    /// through the parent's combiner: batches that arrive while one of the
+    /// parent's statements runs share the next statement and commit.
+    async fn apply(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
+        let Some(first) = writes.first() else {
+            return Ok(Applied::default());
+        };
+        if writes.iter().any(|w| w.parent_id != first.parent_id) {
+            return dispatch!(self, s => s.apply_outcomes(writes).await);
+        }
+        let store = self.clone();
+        self.outcome_batches
+            .submit(first.parent_id.clone(), writes.to_vec(), move |batches| {
+                let store = store.clone();
+                async move { store.apply_combined(batches).await }
+            })
+            .await
+    }
+
+    /// Applies batches of one parent in as few statements as their children
+    /// allow (a child named by two batches goes in two statements, in arrival
+    /// order), and tells each batch which of its writes won. A parent the
+    /// statement completed is told to one batch, so it is counted once.
+    async fn apply_combined(&self, batches: Vec<Vec<OutcomeWrite>>) -> StoreResult<Vec<Applied>> {
+        let mut answers: Vec<Applied> = batches.iter().map(|_| Applied::default()).collect();
+        let mut start = 0;
+        while start < batches.len() {
+            let mut named = HashSet::new();
+            let mut end = start;
+            while end < batches.len() && batches[end].iter().all(|w| !named.contains(&w.sequence)) {
+                named.extend(batches[end].iter().map(|w| w.sequence));
+                end += 1;
+            }
+            let applied = if end - start == 1 {
+                dispatch!(self, s => s.apply_outcomes(&batches[start]).await)?
+            } else {
+                let writes = batches[start..end].concat();
+                dispatch!(self, s => s.apply_outcomes(&writes).await)?
+            };
+            let won: HashSet<i64> = applied.won.iter().map(|(_, sequence)| *sequence).collect();
+            for (batch, answer) in batches[start..end].iter().zip(&mut answers[start..end]) {
+                answer.won = batch
+                    .iter()
+                    .filter(|w| won.contains(&w.sequence))
+                    .map(|w| (w.parent_id.clone(), w.sequence))
+                    .collect();
+            }
+            answers[end - 1].completed = applied.completed;
+            start = end;
+        }
+        Ok(answers)
     }
 
     /// Why each write that did not win lost (`None`: it can still win),

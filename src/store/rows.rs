@@ -199,12 +199,21 @@ impl Lane {
 }
 
 /// How a claim takes its turn on a lane another claim of the same parent holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum LaneTurn {
     /// Wait until that claim commits, then claim after it.
     Wait,
     /// Pass the lane by (`SKIP LOCKED`): a queue claim tries the next one.
     Skip,
+}
+
+/// One claim's share of a lane claim statement.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneAsk {
+    pub claim_id: Uuid,
+    pub worker: Option<String>,
+    pub lease_seconds: i64,
+    pub limit: i64,
 }
 
 /// What a claim on one lane did.
@@ -217,21 +226,30 @@ pub(crate) struct LaneClaim {
 }
 
 impl LaneClaim {
-    /// The rows of a lane claim statement: the leased children, and a last
-    /// row with no sequence when the lane was taken.
-    pub fn from_rows<R: LedgerRow>(rows: &[R]) -> Result<Self, sqlx::Error> {
+    /// The rows of a lane claim statement shared by `asks`: each ask's
+    /// children (by their `claim_id` column), and whether the lane was taken
+    /// (a last row with no sequence).
+    pub fn from_rows<R: LedgerRow>(asks: &[LaneAsk], rows: &[R]) -> Result<Vec<Self>, sqlx::Error> {
         let mut taken = false;
-        let mut children = Vec::with_capacity(rows.len());
+        let mut children: Vec<Vec<&R>> = vec![Vec::new(); asks.len()];
         for row in rows {
-            match row.opt_int("sequence")? {
-                Some(_) => children.push(claimed_child(row)),
-                None => taken = true,
+            if row.opt_int("sequence")?.is_none() {
+                taken = true;
+                continue;
             }
+            let claim_id = row.uuid("claim_id")?;
+            let ask = asks.iter().position(|a| Some(a.claim_id) == claim_id).unwrap_or(0);
+            children[ask].push(row);
         }
-        Ok(Self {
-            leased: Leased::from_rows(children.into_iter())?,
-            taken,
-        })
+        children
+            .into_iter()
+            .map(|rows| {
+                Ok(Self {
+                    leased: Leased::from_rows(rows.into_iter().map(claimed_child))?,
+                    taken,
+                })
+            })
+            .collect()
     }
 }
 

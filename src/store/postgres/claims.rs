@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
 use super::{PgStore, PgTx};
-use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId, QueueName};
-use crate::store::rows::{Lane, LaneClaim, LaneTurn};
+use crate::ledger::{Child, ClaimScope, ParentId, QueueName};
+use crate::store::rows::{Lane, LaneAsk, LaneClaim, LaneTurn};
 use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 
 /// A claim on one parent's lane: lock the lane row (waiting for the claim of
@@ -42,13 +42,17 @@ fn lane_claim(lock: &str) -> String {
              SELECT c.parent_id, c.sequence FROM child c \
              WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() AND (SELECT due FROM lane) \
              ORDER BY c.available_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
-         picked AS (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2), \
+         picked AS ( \
+             SELECT p.*, row_number() OVER (ORDER BY p.sequence) AS rn \
+             FROM (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2) p), \
          claimed AS ( \
              UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
-                 claim_id = $3, claimed_by = $4, lease_expires_at = now() + make_interval(secs => $5), \
+                 claim_id = ($3::uuid[])[picked.rn], claimed_by = ($4::text[])[picked.rn], \
+                 lease_expires_at = now() + make_interval(secs => ($5::float8[])[picked.rn]), \
                  available_at = NULL \
              FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
-             RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, c.lease_expires_at), \
+             RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, c.lease_expires_at, \
+                 c.claim_id), \
          moved AS ( \
              UPDATE lane l SET \
                  floor = (SELECT min(c.sequence) FROM child c \
@@ -62,7 +66,7 @@ fn lane_claim(lock: &str) -> String {
                  served = CASE WHEN EXISTS (SELECT 1 FROM picked) THEN nextval('lane_served') ELSE l.served END \
              WHERE l.parent_id = $1 AND (SELECT open FROM lane)) \
          SELECT c.*, (SELECT queue FROM lane) AS queue FROM claimed c \
-         UNION ALL SELECT $1, NULL, NULL, NULL, NULL, NULL, NULL, queue FROM lane"
+         UNION ALL SELECT $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue FROM lane"
     )
 }
 
@@ -92,30 +96,41 @@ impl PgStore {
             .collect())
     }
 
-    /// Leases up to `limit` claimable children of one parent (see `lane_claim`).
+    /// Leases children of one parent for each of `asks`, in one statement
+    /// (see `lane_claim`): the lowest sequences to the first ask, and so on.
     pub async fn claim_lane(
         &self,
-        request: &ClaimRequest,
         parent_id: &ParentId,
-        limit: i64,
+        asks: &[LaneAsk],
         turn: LaneTurn,
-    ) -> StoreResult<LaneClaim> {
+    ) -> StoreResult<Vec<LaneClaim>> {
         let sql = match turn {
             LaneTurn::Wait => &*LANE_CLAIM,
             LaneTurn::Skip => &*LANE_CLAIM_SKIP,
         };
+        let total: i64 = asks.iter().map(|a| a.limit).sum();
+        let mut claims = Vec::with_capacity(total as usize);
+        let mut workers = Vec::with_capacity(total as usize);
+        let mut leases = Vec::with_capacity(total as usize);
+        for ask in asks {
+            for _ in 0..ask.limit {
+                claims.push(ask.claim_id);
+                workers.push(ask.worker.as_deref());
+                leases.push(ask.lease_seconds as f64);
+            }
+        }
         let rows = retry_transient!(
             sqlx::query(AssertSqlSafe(sql.as_str()))
                 .bind(parent_id.as_str())
-                .bind(limit)
-                .bind(request.claim_id)
-                .bind(request.worker.as_deref())
-                .bind(request.lease_seconds as f64)
+                .bind(total)
+                .bind(&claims)
+                .bind(&workers)
+                .bind(&leases)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(Into::into)
         )?;
-        Ok(LaneClaim::from_rows(&rows)?)
+        Ok(LaneClaim::from_rows(asks, &rows)?)
     }
 
     /// The children this claim still holds, by parent in id order.

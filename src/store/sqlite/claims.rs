@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::outcomes::bump_parents;
 use super::{SqliteStore, SqliteTx, now, parents};
 use crate::ledger::projection::Tally;
-use crate::ledger::{Child, ClaimRequest, ClaimScope, ParentId, QueueName};
-use crate::store::rows::{Lane, LaneClaim, LaneTurn};
+use crate::ledger::{Child, ClaimScope, ParentId, QueueName};
+use crate::store::rows::{Lane, LaneAsk, LaneClaim, LaneTurn};
 use crate::store::{ChildRef, StoreResult, sql};
 
 /// Recomputes the lanes of the parents in JSON array `?1` from their rows:
@@ -61,7 +61,7 @@ fn lane_claim(due: bool) -> String {
                  SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
                    AND available_at IS NULL AND sequence >= ?6 ORDER BY sequence LIMIT ?2) \
              {due} ORDER BY sequence LIMIT ?2) \
-         RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, \
+         RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, \
              (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
         lease = now!(" ?5 ")
     )
@@ -84,16 +84,24 @@ impl SqliteStore {
             .collect())
     }
 
-    /// Leases up to `limit` claimable children of one parent, lowest sequence
-    /// first, and moves its lane. Writes take turns in SQLite, so a claim
-    /// never finds a lane busy and `turn` changes nothing.
+    /// Leases children of one parent for each of `asks` in turn. Writes take
+    /// turns in SQLite, so a claim never finds a lane busy and `turn` changes nothing.
     pub async fn claim_lane(
         &self,
-        request: &ClaimRequest,
         parent_id: &ParentId,
-        limit: i64,
+        asks: &[LaneAsk],
         _turn: LaneTurn,
-    ) -> StoreResult<LaneClaim> {
+    ) -> StoreResult<Vec<LaneClaim>> {
+        let mut claims = Vec::with_capacity(asks.len());
+        for ask in asks {
+            claims.push(self.claim_one(parent_id, ask).await?);
+        }
+        Ok(claims)
+    }
+
+    /// Leases up to `ask.limit` claimable children of one parent, lowest
+    /// sequence first, and moves its lane.
+    async fn claim_one(&self, parent_id: &ParentId, ask: &LaneAsk) -> StoreResult<LaneClaim> {
         let mut tx = self.begin().await?;
         let lane: Option<(Option<i64>, bool)> = sqlx::query_as(concat!(
             "SELECT floor, coalesce(ready_at <= ",
@@ -114,14 +122,14 @@ impl SqliteStore {
         }
         let sql = if due { &*CLAIM_WITH_DUE } else { &*CLAIM };
         let rows = sqlx::query(AssertSqlSafe(sql.as_str()))
-        .bind(parent_id.as_str())
-        .bind(limit)
-        .bind(request.claim_id.to_string())
-        .bind(request.worker.as_deref())
-        .bind(format!("+{} seconds", request.lease_seconds))
-        .bind(floor)
-        .fetch_all(&mut *tx)
-        .await?;
+            .bind(parent_id.as_str())
+            .bind(ask.limit)
+            .bind(ask.claim_id.to_string())
+            .bind(ask.worker.as_deref())
+            .bind(format!("+{} seconds", ask.lease_seconds))
+            .bind(floor)
+            .fetch_all(&mut *tx)
+            .await?;
         refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
         if !rows.is_empty() {
             let served: i64 = sqlx::query_scalar("UPDATE lane_clock SET served = served + 1 RETURNING served")
@@ -134,7 +142,7 @@ impl SqliteStore {
                 .await?;
         }
         tx.commit().await?;
-        let mut claim = LaneClaim::from_rows(&rows)?;
+        let mut claim = LaneClaim::from_rows(std::slice::from_ref(ask), &rows)?.remove(0);
         claim.taken = true;
         Ok(claim)
     }
