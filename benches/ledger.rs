@@ -22,6 +22,8 @@ const WORKERS: usize = 8;
 
 struct Args {
     quick: bool,
+    /// Only the fresh-database drain and the peers (to iterate on that comparison).
+    fresh_only: bool,
     json: Option<PathBuf>,
     admin_url: String,
     peers: bool,
@@ -30,6 +32,7 @@ struct Args {
 fn parse_args() -> Args {
     let mut args = Args {
         quick: false,
+        fresh_only: false,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned()),
@@ -40,6 +43,7 @@ fn parse_args() -> Args {
         match arg.as_str() {
             "--quick" => args.quick = true,
             "--no-peers" => args.peers = false,
+            "--fresh-only" => args.fresh_only = true,
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
             // cargo bench passes --bench; ignore anything else it adds.
@@ -322,9 +326,15 @@ struct OutcomeItem<'a> {
     claim_id: uuid::Uuid,
 }
 
-/// One HTTP worker: claim a chunk, post its outcomes in batches of 100,
-/// until a claim comes back empty. Returns the children it finished.
-async fn http_worker(client: reqwest::Client, claim_url: String, outcomes_url: String, limit: usize) -> u64 {
+/// One HTTP worker: claim `limit`, post their outcomes in batches of
+/// `batch`, until a claim comes back empty. Returns the children it finished.
+async fn http_worker(
+    client: reqwest::Client,
+    claim_url: String,
+    outcomes_url: String,
+    limit: usize,
+    batch: usize,
+) -> u64 {
     let claim_body = serde_json::to_vec(&json!({"limit": limit, "lease_seconds": 600})).unwrap();
     let mut done = 0;
     loop {
@@ -340,7 +350,7 @@ async fn http_worker(client: reqwest::Client, claim_url: String, outcomes_url: S
         if claim.children.is_empty() {
             return done;
         }
-        for chunk in claim.children.chunks(100) {
+        for chunk in claim.children.chunks(batch) {
             let items: Vec<_> = chunk
                 .iter()
                 .map(|c| OutcomeItem {
@@ -364,8 +374,14 @@ async fn http_worker(client: reqwest::Client, claim_url: String, outcomes_url: S
 }
 
 /// Drains claimable work over HTTP with `workers` concurrent workers; each
-/// worker uses its own claim path. Returns children/s.
+/// worker uses its own claim path, claims `limit` at a time and posts their
+/// outcomes in batches of 100. Returns children/s.
 async fn burn_down_http(base: &str, claim_paths: &[String], limit: usize, expected: u64) -> f64 {
+    burn_down_http_batched(base, claim_paths, limit, 100, expected).await
+}
+
+/// `burn_down_http` posting outcomes in batches of `batch`.
+async fn burn_down_http_batched(base: &str, claim_paths: &[String], limit: usize, batch: usize, expected: u64) -> f64 {
     let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
     let started = Instant::now();
     let workers: Vec<_> = claim_paths
@@ -376,6 +392,7 @@ async fn burn_down_http(base: &str, claim_paths: &[String], limit: usize, expect
                 format!("{base}{path}"),
                 format!("{base}/v1/outcomes"),
                 limit,
+                batch,
             ))
         })
         .collect();
@@ -800,6 +817,67 @@ fn print_table(scenarios: &[Scenario]) {
     }
 }
 
+/// A fresh database holding one parent of `n`, settled (VACUUM ANALYZE,
+/// CHECKPOINT, as the peers are), drained once by `WORKERS` HTTP workers that
+/// claim `batch` at a time and post each claim's outcomes as one batch.
+/// Returns children/s and the service's peak memory.
+async fn fresh_drain(admin_url: &str, n: usize, batch: usize) -> (f64, f64) {
+    let client = reqwest::Client::new();
+    let db = ScratchDb::create(admin_url, "fresh").await;
+    let service = Service::start(&db.url).await;
+    register(&client, &service.base, "fresh", "fresh", n).await;
+    settle(&db.url).await;
+    eprintln!("draining {n} children, claims of {batch} ...");
+    let rate = burn_down_http_batched(&service.base, &parent_paths("fresh", WORKERS), batch, batch, n as u64).await;
+    let rss = service.stop().await;
+    db.drop_now().await;
+    (rate, rss)
+}
+
+/// A peer against our drains of a fresh database. The ratio that counts
+/// takes the peer's own shape: graphile-worker fetches 500 jobs per query
+/// into its local queue and completes them in batches, so there our workers
+/// claim 500 and post each claim's outcomes as one batch; pg-boss fetches and
+/// completes 100 at a time, as our default workers do. The other drain is
+/// shown beside it.
+fn peer_scenarios(peer: &PeerResult, fresh: f64, fresh_500: f64) -> [Scenario; 2] {
+    let against = format!("{} {}", peer.peer, peer.version);
+    let (same, same_name, other, other_name) = if peer.peer == "graphile-worker" {
+        (fresh_500, "claims_of_500", fresh, "claims_of_100")
+    } else {
+        (fresh, "claims_of_100", fresh_500, "claims_of_500")
+    };
+    [
+        Scenario::new(
+            &format!("peers.{}", peer.peer),
+            &format!("children/s ({same_name})"),
+            same,
+        )
+        .against(&against, peer.jobs_per_second)
+        .target(">= 1.0"),
+        Scenario::new(&format!("peers.{}.{other_name}", peer.peer), "children/s", other)
+            .against(&against, peer.jobs_per_second),
+    ]
+}
+
+/// `--fresh-only`: the fresh-database drains and the peers, nothing else.
+async fn fresh_against_peers(args: &Args, sizes: &Sizes) {
+    let (fresh, _) = fresh_drain(&args.admin_url, sizes.fresh, 100).await;
+    let (fresh_500, _) = fresh_drain(&args.admin_url, sizes.fresh, 500).await;
+    let mut scenarios = vec![
+        Scenario::new("burn_down_http.fresh_database", "children/s", fresh),
+        Scenario::new("burn_down_http.fresh_database.claims_of_500", "children/s", fresh_500),
+    ];
+    if args.peers {
+        for script in ["graphile.mjs", "pgboss.mjs"] {
+            if let Some(peer) = run_peer(script, &args.admin_url, sizes.peers_jobs).await {
+                scenarios.extend(peer_scenarios(&peer, fresh, fresh_500));
+            }
+        }
+    }
+    print_table(&scenarios);
+}
+
 #[tokio::main]
 async fn main() {
     let args = parse_args();
@@ -812,6 +890,10 @@ async fn main() {
         if args.quick { "quick" } else { "full" },
         args.admin_url
     );
+
+    if args.fresh_only {
+        return fresh_against_peers(&args, &sizes).await;
+    }
 
     // --- Postgres: registration, burn-downs, hot parent ---------------------
     let db = ScratchDb::create(&args.admin_url, "pg").await;
@@ -938,14 +1020,15 @@ async fn main() {
     // settle step; this is child-ledger's side of that comparison: a new
     // database holding only the parent to drain, settled, drained once.
     eprintln!("burn_down on a fresh database, {} children ...", sizes.fresh);
-    let db = ScratchDb::create(&args.admin_url, "fresh").await;
-    let service = Service::start(&db.url).await;
-    register(&client, &service.base, "fresh", "fresh", sizes.fresh).await;
-    settle(&db.url).await;
-    let fresh = burn_down_http(&service.base, &parent_paths("fresh", WORKERS), 100, sizes.fresh as u64).await;
+    let (fresh, rss) = fresh_drain(&args.admin_url, sizes.fresh, 100).await;
+    peak_rss = peak_rss.max(rss);
     scenarios.push(Scenario::new("burn_down_http.fresh_database", "children/s", fresh).against("burn_down_http", http));
-    peak_rss = peak_rss.max(service.stop().await);
-    db.drop_now().await;
+    let (fresh_500, rss) = fresh_drain(&args.admin_url, sizes.fresh, 500).await;
+    peak_rss = peak_rss.max(rss);
+    scenarios.push(
+        Scenario::new("burn_down_http.fresh_database.claims_of_500", "children/s", fresh_500)
+            .against("burn_down_http.fresh_database", fresh),
+    );
 
     // --- Postgres: big and small parents mixed on one queue ------------------
     // Fresh databases, no VACUUM between registration and drain (autovacuum is
@@ -1042,11 +1125,7 @@ async fn main() {
                 eprintln!("{} {}: {}", peer.peer, peer.version, peer.settings);
                 // Both sides are the one drain of a fresh database after the
                 // same settle (VACUUM ANALYZE, CHECKPOINT).
-                scenarios.push(
-                    Scenario::new(&format!("peers.{}", peer.peer), "children/s", fresh)
-                        .against(&format!("{} {}", peer.peer, peer.version), peer.jobs_per_second)
-                        .target(">= 1.0"),
-                );
+                scenarios.extend(peer_scenarios(&peer, fresh, fresh_500));
             }
         }
     }

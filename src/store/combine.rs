@@ -26,15 +26,27 @@ struct Waiter<Q, A> {
     reply: oneshot::Sender<StoreResult<A>>,
 }
 
-/// Per key, the requests waiting while that key's runner works.
-pub(crate) struct Combiner<K, Q, A> {
-    waiting: Mutex<HashMap<K, Vec<Waiter<Q, A>>>>,
+/// A key's waiting requests, and how many runners serve them.
+struct Slot<Q, A> {
+    queue: Vec<Waiter<Q, A>>,
+    running: usize,
 }
 
-impl<K, Q, A> Default for Combiner<K, Q, A> {
-    fn default() -> Self {
+/// Per key, the requests waiting while that key's runners work.
+pub(crate) struct Combiner<K, Q, A> {
+    waiting: Mutex<HashMap<K, Slot<Q, A>>>,
+    /// Statements of one key that may run at once: one where the database
+    /// runs them one at a time anyway (a lane's claims), two where the next
+    /// can do its row work while the last one commits (a parent's outcomes:
+    /// only their counter update waits for the other's commit).
+    runners: usize,
+}
+
+impl<K, Q, A> Combiner<K, Q, A> {
+    pub fn new(runners: usize) -> Self {
         Self {
             waiting: Mutex::new(HashMap::new()),
+            runners: runners.max(1),
         }
     }
 }
@@ -66,16 +78,16 @@ where
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut waiting = self.lock();
-            match waiting.get_mut(&key) {
-                Some(queue) => {
-                    queue.push(Waiter { ask, reply });
-                    false
-                }
-                None => {
-                    waiting.insert(key.clone(), vec![Waiter { ask, reply }]);
-                    true
-                }
+            let slot = waiting.entry(key.clone()).or_insert_with(|| Slot {
+                queue: Vec::new(),
+                running: 0,
+            });
+            slot.queue.push(Waiter { ask, reply });
+            let start = slot.running < self.runners;
+            if start {
+                slot.running += 1;
             }
+            start
         };
         if start {
             // The runner is its own task: it finishes the statements it started
@@ -98,9 +110,13 @@ where
         loop {
             let batch = {
                 let mut waiting = self.lock();
-                let queue = waiting.get_mut(&key).map(std::mem::take).unwrap_or_default();
+                let Some(slot) = waiting.get_mut(&key) else { return };
+                let queue = std::mem::take(&mut slot.queue);
                 if queue.is_empty() {
-                    waiting.remove(&key);
+                    slot.running -= 1;
+                    if slot.running == 0 {
+                        waiting.remove(&key);
+                    }
                     return;
                 }
                 queue
@@ -120,8 +136,9 @@ where
                     // statement would only wait to learn the same: tell them now.
                     if matches!(err, StoreError::Unavailable(_)) {
                         let mut waiting = self.lock();
-                        let queue = waiting.get_mut(&key).map(std::mem::take).unwrap_or_default();
-                        failed.extend(queue.into_iter().map(|w| w.reply));
+                        if let Some(slot) = waiting.get_mut(&key) {
+                            failed.extend(std::mem::take(&mut slot.queue).into_iter().map(|w| w.reply));
+                        }
                     }
                     for reply in failed {
                         let _ = reply.send(Err(err.shared_copy()));
@@ -134,7 +151,7 @@ where
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Vec<Waiter<Q, A>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Slot<Q, A>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

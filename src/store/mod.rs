@@ -200,8 +200,8 @@ impl Store {
         };
         Ok(Self {
             db,
-            lane_claims: Arc::default(),
-            outcome_batches: Arc::default(),
+            lane_claims: Arc::new(combine::Combiner::new(1)),
+            outcome_batches: Arc::new(combine::Combiner::new(2)),
             expired_total: Arc::default(),
             completed_total: Arc::default(),
         })
