@@ -351,26 +351,31 @@ async fn http_worker(
             return done;
         }
         for chunk in claim.children.chunks(batch) {
-            let items: Vec<_> = chunk
-                .iter()
-                .map(|c| OutcomeItem {
-                    parent_id: &c.parent_id,
-                    sequence: c.sequence,
-                    outcome: "processed",
-                    claim_id: claim.claim_id,
-                })
-                .collect();
-            let r = client
-                .post(&outcomes_url)
-                .header("content-type", "application/json")
-                .body(serde_json::to_vec(&json!({ "outcomes": items })).unwrap())
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success(), "outcomes: {}", r.status());
+            post_processed(&client, &outcomes_url, claim.claim_id, chunk).await;
             done += chunk.len() as u64;
         }
     }
+}
+
+/// Posts `processed` for `children` of `claim_id` in one batch.
+async fn post_processed(client: &reqwest::Client, outcomes_url: &str, claim_id: uuid::Uuid, children: &[ClaimedRef]) {
+    let items: Vec<_> = children
+        .iter()
+        .map(|c| OutcomeItem {
+            parent_id: &c.parent_id,
+            sequence: c.sequence,
+            outcome: "processed",
+            claim_id,
+        })
+        .collect();
+    let r = client
+        .post(outcomes_url)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&json!({ "outcomes": items })).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "outcomes: {}", r.status());
 }
 
 /// Drains claimable work over HTTP with `workers` concurrent workers; each
@@ -440,7 +445,7 @@ async fn burn_down_inprocess(store: &Store, scopes: &[ClaimScope], limit: i64, e
                                 claim_id: Some(claim.claim_id),
                             })
                             .collect();
-                        store.record_outcomes(&writes).await.unwrap();
+                        store.record_outcomes(writes.into()).await.unwrap();
                         done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     }
                 }
@@ -520,23 +525,7 @@ impl QueueLoad {
                             at: Instant::now(),
                             parents,
                         });
-                        let items: Vec<_> = claim
-                            .children
-                            .iter()
-                            .map(|c| OutcomeItem {
-                                parent_id: &c.parent_id,
-                                sequence: c.sequence,
-                                outcome: "processed",
-                                claim_id: claim.claim_id,
-                            })
-                            .collect();
-                        let r = client
-                            .post(&outcomes_url)
-                            .json(&json!({ "outcomes": items }))
-                            .send()
-                            .await
-                            .unwrap();
-                        assert!(r.status().is_success(), "outcomes: {}", r.status());
+                        post_processed(&client, &outcomes_url, claim.claim_id, &claim.children).await;
                     }
                 })
             })

@@ -264,6 +264,56 @@ async fn fair_across_replicas(backend: Backend) {
     assert_eq!(served, ["A", "B", "C", "A", "B", "C", "A", "B", "C"]);
 }
 
+/// A ledger written before lanes existed: its decomposed parents are
+/// claimable from the queue once this build has migrated it, with their
+/// floors where their pending children are and their due children included;
+/// a parent still being appended to stays out until it is sealed.
+async fn parents_of_an_upgraded_ledger_get_lanes(backend: Backend) {
+    let (applied, now, later, past) = match backend {
+        Backend::Postgres => (3, "now()", "now() + interval '1 hour'", "now() - interval '1 minute'"),
+        Backend::Sqlite => (
+            2,
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+1 hour')",
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 minute')",
+        ),
+    };
+    let seed = format!(
+        "INSERT INTO parent (parent_id, queue, fingerprint, total, processed, created_at, decomposed_at) VALUES
+            ('old', 'up', 'f', 5, 1, {now}, {now}),
+            ('next', 'up', 'f', 1, 0, {now}, {now}),
+            ('open', 'up', 'f', 1, 0, {now}, NULL);
+         INSERT INTO child (parent_id, sequence, payload, state, terminal_at) VALUES ('old', 0, '{{}}', 'processed', {now});
+         INSERT INTO child (parent_id, sequence, payload, state) VALUES
+            ('old', 1, '{{}}', 'pending'), ('old', 2, '{{}}', 'pending'),
+            ('next', 0, '{{}}', 'pending'), ('open', 0, '{{}}', 'pending');
+         INSERT INTO child (parent_id, sequence, payload, state, available_at) VALUES
+            ('old', 3, '{{}}', 'pending', {past}), ('old', 4, '{{}}', 'pending', {later});"
+    );
+    let app = spawn_upgraded_app(backend, applied, &seed).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM lane").await,
+        2,
+        "a lane per decomposed parent"
+    );
+    let first = taken(&queue_claim(&app, "up", 2).await);
+    assert_eq!(
+        first,
+        [("old".to_owned(), 1), ("old".to_owned(), 2)],
+        "oldest parent, lowest sequence first"
+    );
+    let rest: BTreeSet<(String, u64)> = taken(&queue_claim(&app, "up", 10).await).into_iter().collect();
+    let expected: BTreeSet<(String, u64)> = [("next".to_owned(), 0), ("old".to_owned(), 3)].into_iter().collect();
+    assert_eq!(
+        rest, expected,
+        "the next parent and the due child; the delayed one waits"
+    );
+    assert!(taken(&queue_claim(&app, "up", 10).await).is_empty());
+    let r = app.post("/v1/parents/open/seal", json!({"total": 1})).await;
+    assert_eq!(r.status, StatusCode::OK, "seal: {r:?}");
+    assert_eq!(taken(&queue_claim(&app, "up", 10).await), [("open".to_owned(), 0)]);
+}
+
 both_stores!(
     each_parent_served_within_p_claims,
     small_parent_behind_big_one_is_served_at_once,
@@ -271,4 +321,5 @@ both_stores!(
     higher_priority_first,
     no_child_in_two_live_claims,
     fair_across_replicas,
+    parents_of_an_upgraded_ledger_get_lanes,
 );

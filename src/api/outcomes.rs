@@ -1,5 +1,7 @@
 //! Terminal outcomes, single and batched: first writer wins, one-way.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
@@ -97,7 +99,7 @@ async fn record_outcome(
         claim_id: body.claim_id,
     };
     let write = checked(&state.limits, "", write)?;
-    let status = record_and_count(&state, std::slice::from_ref(&write)).await?[0];
+    let status = record_and_count(&state, Arc::new([write])).await?[0];
     let applied = match status {
         OutcomeStatus::Applied => true,
         OutcomeStatus::Duplicate => false,
@@ -161,8 +163,8 @@ pub struct BatchResults {
 }
 
 /// Records outcomes and counts them in the metrics.
-async fn record_and_count(state: &AppState, writes: &[OutcomeWrite]) -> ApiResult<Vec<OutcomeStatus>> {
-    let statuses = state.store.record_outcomes(writes).await?;
+async fn record_and_count(state: &AppState, writes: Arc<[OutcomeWrite]>) -> ApiResult<Vec<OutcomeStatus>> {
+    let statuses = state.store.record_outcomes(Arc::clone(&writes)).await?;
     for (write, status) in writes.iter().zip(&statuses) {
         state.metrics.outcome(write.outcome.as_str(), status.as_str());
     }
@@ -213,12 +215,13 @@ async fn record_outcomes(
         };
         writes.push(checked(&state.limits, &format!("outcomes[{i}]."), write)?);
     }
-    let statuses = record_and_count(&state, &writes).await?;
+    let writes: Arc<[OutcomeWrite]> = writes.into();
+    let statuses = record_and_count(&state, Arc::clone(&writes)).await?;
     let results = writes
-        .into_iter()
+        .iter()
         .zip(statuses)
         .map(|(w, status)| BatchResult {
-            parent_id: w.parent_id,
+            parent_id: w.parent_id.clone(),
             sequence: w.sequence,
             status,
         })

@@ -70,7 +70,7 @@ pub struct Store {
     /// Lane claims waiting for their parent's next statement.
     lane_claims: Arc<combine::Combiner<(ParentId, rows::LaneTurn), rows::LaneAsk, rows::LaneClaim>>,
     /// Outcome batches of one parent waiting for its next statement.
-    outcome_batches: Arc<combine::Combiner<ParentId, Vec<OutcomeWrite>, rows::Applied>>,
+    outcome_batches: Arc<combine::Combiner<ParentId, Arc<[OutcomeWrite]>, rows::Applied>>,
     /// Children whose expired lease this process swept, for the metrics.
     expired_total: Arc<AtomicU64>,
     /// Parents this process completed, for the metrics.

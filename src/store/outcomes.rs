@@ -3,6 +3,7 @@
 //! own transaction, and the conflicting ones are kept in their child's log.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::rows::Applied;
 use super::{Db, Store, StoreResult, Tx, dispatch, in_tx, retry_transient};
@@ -15,16 +16,17 @@ const ROUND_TRIES: usize = 3;
 impl Store {
     /// Records terminal outcomes; the statuses come back in request order. A
     /// child named twice is recorded once: the later item goes in a later
-    /// round (see `ledger::outcome::rounds`).
-    pub async fn record_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
-        let rounds = rounds(writes);
+    /// round (see `ledger::outcome::rounds`). The writes are shared, not
+    /// copied, with the parent's combiner.
+    pub async fn record_outcomes(&self, writes: Arc<[OutcomeWrite]>) -> StoreResult<Vec<OutcomeStatus>> {
+        let rounds = rounds(&writes);
         if rounds.len() == 1 {
             return self.record_round(writes).await;
         }
         let mut statuses = vec![OutcomeStatus::NotFound; writes.len()];
         for round in rounds {
-            let batch: Vec<OutcomeWrite> = round.iter().map(|&i| writes[i].clone()).collect();
-            for (i, status) in round.into_iter().zip(self.record_round(&batch).await?) {
+            let batch: Arc<[OutcomeWrite]> = round.iter().map(|&i| writes[i].clone()).collect();
+            for (i, status) in round.into_iter().zip(self.record_round(batch).await?) {
                 statuses[i] = status;
             }
         }
@@ -35,20 +37,18 @@ impl Store {
     /// first; the losers are then told why. A loser whose child is open by
     /// then (its parent was sealed, or the child appended, in between) lost
     /// to nothing: it is tried again, a few times at most.
-    async fn record_round(&self, writes: &[OutcomeWrite]) -> StoreResult<Vec<OutcomeStatus>> {
+    async fn record_round(&self, writes: Arc<[OutcomeWrite]>) -> StoreResult<Vec<OutcomeStatus>> {
         let mut statuses = vec![OutcomeStatus::Applied; writes.len()];
         let mut trying: Vec<usize> = (0..writes.len()).collect();
         for attempt in 0..ROUND_TRIES {
             // The first try takes the writes as they are; only a retry copies
             // out the few that are tried again.
-            let retried: Vec<OutcomeWrite>;
-            let batch = if attempt == 0 {
-                writes
+            let batch: Arc<[OutcomeWrite]> = if attempt == 0 {
+                Arc::clone(&writes)
             } else {
-                retried = trying.iter().map(|&i| writes[i].clone()).collect();
-                &retried
+                trying.iter().map(|&i| writes[i].clone()).collect()
             };
-            let applied = self.apply(batch).await?;
+            let applied = self.apply(Arc::clone(&batch)).await?;
             self.completed(&applied.completed);
             if applied.won.len() == batch.len() {
                 return Ok(statuses);
@@ -82,16 +82,17 @@ impl Store {
     /// Applies writes. A batch of one parent (what a claim hands out) goes
     /// through the parent's combiner: batches that arrive while one of the
     /// parent's statements runs share the next statement and commit.
-    async fn apply(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
+    async fn apply(&self, writes: Arc<[OutcomeWrite]>) -> StoreResult<Applied> {
         let Some(first) = writes.first() else {
             return Ok(Applied::default());
         };
         if writes.iter().any(|w| w.parent_id != first.parent_id) {
-            return dispatch!(self, s => s.apply_outcomes(writes).await);
+            return dispatch!(self, s => s.apply_outcomes(&writes).await);
         }
         let store = self.clone();
+        let parent_id = first.parent_id.clone();
         self.outcome_batches
-            .submit(first.parent_id.clone(), writes.to_vec(), move |batches| {
+            .submit(parent_id, writes, move |batches| {
                 let store = store.clone();
                 async move { store.apply_combined(batches).await }
             })
@@ -102,7 +103,7 @@ impl Store {
     /// allow (a child named by two batches goes in two statements, in arrival
     /// order), and tells each batch which of its writes won. A parent the
     /// statement completed is told to one batch, so it is counted once.
-    async fn apply_combined(&self, batches: Vec<Vec<OutcomeWrite>>) -> StoreResult<Vec<Applied>> {
+    async fn apply_combined(&self, batches: Vec<Arc<[OutcomeWrite]>>) -> StoreResult<Vec<Applied>> {
         let mut answers: Vec<Applied> = batches.iter().map(|_| Applied::default()).collect();
         let mut start = 0;
         while start < batches.len() {

@@ -198,7 +198,14 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
         ))
         .with_test_writer()
         .try_init();
-    let (database_url, dir) = match backend {
+    let (database_url, dir) = new_database(backend).await;
+    start_app(backend, database_url, dir, limits, true).await
+}
+
+/// A new, empty database of `backend`: its URL, and its directory to remove
+/// for SQLite.
+async fn new_database(backend: Backend) -> (String, Option<TempDir>) {
+    match backend {
         Backend::Sqlite => {
             let dir = std::env::temp_dir().join(format!("child-ledger-test-{}", uuid::Uuid::new_v4()));
             std::fs::create_dir_all(&dir).unwrap();
@@ -206,8 +213,47 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
             (url, Some(TempDir(dir)))
         }
         Backend::Postgres => (create_database().await, None),
+    }
+}
+
+/// An app started on a database that held only the first `applied`
+/// migrations of its backend, with `seed` written under them: an existing
+/// ledger that this build upgrades as it starts.
+pub async fn spawn_upgraded_app(backend: Backend, applied: usize, seed: &str) -> TestApp {
+    let (database_url, dir) = new_database(backend).await;
+    let dialect = match backend {
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
     };
-    start_app(backend, database_url, dir, limits, true).await
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(dialect);
+    let mut files: Vec<_> = std::fs::read_dir(&source)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(
+        applied < files.len(),
+        "{applied} of {} migrations is not an old ledger",
+        files.len()
+    );
+    let old = TempDir(std::env::temp_dir().join(format!("child-ledger-migrations-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&old.0).unwrap();
+    for file in &files[..applied] {
+        std::fs::copy(file, old.0.join(file.file_name().unwrap())).unwrap();
+    }
+    let migrator = sqlx::migrate::Migrator::new(old.0.as_path())
+        .await
+        .expect("old migrations");
+    let db = raw::RawDb::connect(&database_url).await;
+    match &db {
+        raw::RawDb::Postgres(pool) => migrator.run(pool).await,
+        raw::RawDb::Sqlite(pool) => migrator.run(pool).await,
+    }
+    .expect("apply the old migrations");
+    db.execute_raw(seed).await.expect("seed the old ledger");
+    start_app(backend, database_url, dir, Limits::default(), true).await
 }
 
 impl TestApp {
