@@ -17,11 +17,14 @@ use crate::store::{ChildRef, StoreResult, sql};
 
 /// Recomputes the lanes of the parents in JSON array `?1` from their rows:
 /// the lowest pending sequence without a delay, and the earliest delay. In
-/// SQLite an index holds no entries of rows gone by, so this is cheap.
+/// SQLite an index holds no entries of rows gone by, so this is cheap, as
+/// long as it reads the pending index: left to itself the planner walks the
+/// primary key from sequence 0, through every child claimed or finished.
 const REFRESH_LANES: &str = "UPDATE lane SET \
-        floor = (SELECT min(c.sequence) FROM child c \
-                 WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NULL), \
-        ready_at = (SELECT min(c.available_at) FROM child c \
+        floor = (SELECT c.sequence FROM child c INDEXED BY child_pending \
+                 WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NULL \
+                 ORDER BY c.sequence LIMIT 1), \
+        ready_at = (SELECT min(c.available_at) FROM child c INDEXED BY child_delayed \
                     WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NOT NULL) \
     WHERE parent_id IN (SELECT value FROM json_each(?1))";
 
