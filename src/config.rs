@@ -1,9 +1,12 @@
 //! Command line and environment configuration.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::access::Role;
 
 /// The longest long poll a claim may ask for (`wait_seconds`), by the contract.
 pub const MAX_WAIT_SECONDS: u64 = 20;
@@ -25,6 +28,28 @@ pub struct Cli {
 pub enum Command {
     /// Serve HTTP (the default).
     Serve,
+    /// Manage access tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a fresh random token (once) and the entry to add to the tokens file.
+    New {
+        /// A name for the token's holder (shown in logs and 403 answers).
+        #[arg(long)]
+        name: String,
+        /// What the token may do; repeat for several.
+        #[arg(long = "role", value_enum, required = true)]
+        roles: Vec<Role>,
+        /// A queue the token reaches: a name, a prefix ending in `*`, or `*`
+        /// (the default); repeat for several.
+        #[arg(long = "queue")]
+        queues: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -55,6 +80,15 @@ pub struct Config {
     pub shutdown_grace_seconds: u64,
     #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// JSON file of hashed bearer tokens with their roles and queues (see
+    /// README, "Access control"); re-read on SIGHUP. Without it the service is
+    /// open to anyone who can reach it.
+    #[arg(long, env = "LEDGER_TOKENS_FILE", global = true)]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve without a tokens file on an address other than loopback
+    /// (only behind something else that authenticates callers).
+    #[arg(long, env = "LEDGER_ALLOW_ANONYMOUS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue, global = true)]
+    pub allow_anonymous: bool,
     #[command(flatten)]
     pub limits: Limits,
 }
@@ -151,6 +185,38 @@ mod tests {
         assert_eq!(parsed.max_result_bytes, default.max_result_bytes);
         assert_eq!(parsed.max_wait_seconds, default.max_wait_seconds);
         assert_eq!(parsed.wait_recheck_ms, default.wait_recheck_ms);
+    }
+
+    #[test]
+    fn token_new_takes_roles_and_queues() {
+        let cli = Cli::try_parse_from([
+            "child-ledger",
+            "token",
+            "new",
+            "--name",
+            "ingest",
+            "--role",
+            "producer",
+            "--queue",
+            "events",
+            "--queue",
+            "billing.*",
+        ])
+        .unwrap();
+        let Some(Command::Token {
+            command: TokenCommand::New { name, roles, queues },
+        }) = cli.command
+        else {
+            panic!("not token new");
+        };
+        assert_eq!(name, "ingest");
+        assert_eq!(roles, [Role::Producer]);
+        assert_eq!(queues, ["events", "billing.*"]);
+        assert!(
+            Cli::try_parse_from(["child-ledger", "token", "new", "--name", "x"]).is_err(),
+            "a role is required"
+        );
+        assert!(!Cli::try_parse_from(["child-ledger"]).unwrap().config.allow_anonymous);
     }
 
     #[test]

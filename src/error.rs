@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::access::AuthFailure;
 use crate::ledger::Child;
 use crate::ledger::projection::SEAL_REPORT_LIMIT;
 use crate::store::StoreError;
@@ -26,6 +27,10 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("{}", .0.explain())]
+    Unauthenticated(AuthFailure),
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("no route for {0}")]
@@ -50,6 +55,8 @@ pub enum ApiError {
     },
     #[error("a different outcome ({}) already won for this child", .child.outcome.map(|o| o.as_str()).unwrap_or("?"))]
     OutcomeConflict { child: Box<Child> },
+    #[error("{0}")]
+    ClaimMismatch(String),
     #[error("child is {} and cannot be retried", .child.state)]
     RetryConflict { child: Box<Child> },
     #[error("the database is unavailable")]
@@ -90,6 +97,8 @@ impl ApiError {
             Self::InvalidField { status, .. } => *status,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::RegistrationConflict(_)
@@ -99,6 +108,7 @@ impl ApiError {
             | Self::ParentDecomposing(_)
             | Self::SealMismatch { .. }
             | Self::OutcomeConflict { .. }
+            | Self::ClaimMismatch(_)
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting => StatusCode::SERVICE_UNAVAILABLE,
             Self::Http { status, .. } => *status,
@@ -114,6 +124,8 @@ impl ApiError {
             Self::InvalidField { .. } => "invalid-field",
             Self::UnsupportedMediaType(_) => "unsupported-media-type",
             Self::BodyTooLarge { .. } => "body-too-large",
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::Forbidden(_) => "forbidden",
             Self::NotFound(_) => "not-found",
             Self::RouteNotFound(_) => "route-not-found",
             Self::MethodNotAllowed(_) => "method-not-allowed",
@@ -124,6 +136,7 @@ impl ApiError {
             Self::ParentDecomposing(_) => "parent-decomposing",
             Self::SealMismatch { .. } => "seal-mismatch",
             Self::OutcomeConflict { .. } => "outcome-conflict",
+            Self::ClaimMismatch(_) => "claim-mismatch",
             Self::RetryConflict { .. } => "retry-conflict",
             Self::Unavailable(_) | Self::Starting => "database-unavailable",
             Self::TimedOut(_) => "request-timeout",
@@ -138,6 +151,8 @@ impl ApiError {
             Self::InvalidField { .. } => "Invalid field",
             Self::UnsupportedMediaType(_) => "Unsupported media type",
             Self::BodyTooLarge { .. } => "Request body too large",
+            Self::Unauthenticated(_) => "Authentication required",
+            Self::Forbidden(_) => "Forbidden",
             Self::NotFound(_) => "Not found",
             Self::RouteNotFound(_) => "No such route",
             Self::MethodNotAllowed(_) => "Method not allowed",
@@ -148,6 +163,7 @@ impl ApiError {
             Self::ParentDecomposing(_) => "Parent still decomposing",
             Self::SealMismatch { .. } => "Seal does not match the ledger",
             Self::OutcomeConflict { .. } => "A different outcome already won",
+            Self::ClaimMismatch(_) => "Claim does not hold this child",
             Self::RetryConflict { .. } => "Child cannot be retried",
             Self::Unavailable(_) | Self::Starting => "Database unavailable",
             Self::TimedOut(_) => "Request timed out",
@@ -235,6 +251,9 @@ impl IntoResponse for ApiError {
         );
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::Unauthenticated(failure) = self {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(failure.challenge()));
         }
         response
     }

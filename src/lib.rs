@@ -4,6 +4,7 @@
 //! leased chunks over HTTP and record exactly one terminal outcome per child;
 //! parent counters are a projection of the child rows.
 
+pub mod access;
 pub mod api;
 pub mod config;
 pub mod error;

@@ -6,8 +6,9 @@ use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+use child_ledger::access::{self, Access, Role};
 use child_ledger::api::until_ready;
-use child_ledger::config::{Cli, Command, Config, LogFormat};
+use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
 use child_ledger::store::{Store, StoreOptions, backend_of};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
 
@@ -16,6 +17,56 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None | Some(Command::Serve) => serve(cli.config).await,
+        Some(Command::Token {
+            command: TokenCommand::New { name, roles, queues },
+        }) => print_new_token(&name, roles, queues),
+    }
+}
+
+/// `token new`: the token on stdout's first line, its file entry on the
+/// second; what to do with them on stderr.
+fn print_new_token(name: &str, roles: Vec<Role>, queues: Vec<String>) -> anyhow::Result<()> {
+    let (token, entry) = access::new_token(name, roles, queues)?;
+    eprintln!("The token, shown this once (give it to its holder; the service keeps only its hash):");
+    println!("{token}");
+    eprintln!("Its entry, for the \"tokens\" list of the tokens file (then send SIGHUP to the service):");
+    println!("{}", serde_json::to_string(&entry)?);
+    Ok(())
+}
+
+/// The access rules the configuration asks for, refusing an open service on
+/// an address others can reach unless that is asked for explicitly.
+fn access_of(config: &Config) -> anyhow::Result<Access> {
+    let Some(path) = &config.tokens_file else {
+        if !config.listen.ip().is_loopback() {
+            anyhow::ensure!(
+                config.allow_anonymous,
+                "refusing to serve {} without a tokens file: anyone who reaches it could claim, finish and \
+                 reconcile every team's work. Give --tokens-file (README, \"Access control\"), listen on \
+                 127.0.0.1, or pass --allow-anonymous when something in front authenticates callers",
+                config.listen
+            );
+            tracing::warn!(listen = %config.listen, "serving without tokens on a non-loopback address (--allow-anonymous): every caller is an admin");
+        }
+        return Ok(Access::open());
+    };
+    let access = Access::from_file(path).context("reading the tokens file")?;
+    tracing::info!(file = %path.display(), "access control on");
+    Ok(access)
+}
+
+/// Re-reads the tokens file on every SIGHUP; a file that does not read keeps
+/// the tokens in force.
+#[cfg(unix)]
+async fn reload_tokens_on_sighup(access: Arc<Access>, mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        match access.reload() {
+            Ok(count) => tracing::info!(tokens = count, "tokens file reloaded"),
+            Err(err) => tracing::error!(
+                error = format!("{err:#}"),
+                "tokens file not reloaded; the tokens in force stay"
+            ),
+        }
     }
 }
 
@@ -29,6 +80,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     let backend =
         backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
+    let access = Arc::new(access_of(&config)?);
+    // Installed before anything else waits, so a SIGHUP never ends the process.
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("handling SIGHUP")?;
     let options = StoreOptions {
         max_connections: config.db_max_connections,
         ..StoreOptions::default()
@@ -59,8 +114,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     store.migrate().await.context("applying migrations")?;
 
-    let mut state = AppState::new(store, config.limits.clone());
+    let mut state = AppState::new(store, config.limits.clone()).with_access(Arc::clone(&access));
     state.shutdown = shutdown.clone();
+    #[cfg(unix)]
+    tokio::spawn(reload_tokens_on_sighup(access, hangups));
     let reaper = tokio::spawn(reap_expired_leases(state.clone(), config.reap_interval()));
     let work_listener = tokio::spawn(listen_for_work(state.clone()));
     let _ = ready.set(app_with_timeout(

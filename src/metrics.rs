@@ -47,6 +47,7 @@ pub struct Metrics {
     routes: Mutex<BTreeMap<&'static str, BTreeMap<String, RouteStats>>>,
     claimed: Mutex<BTreeMap<String, u64>>,
     outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    auth_failures: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -90,6 +91,12 @@ impl Metrics {
     /// One outcome write and what became of it (`applied`, `duplicate`, ...).
     pub fn outcome(&self, outcome: &'static str, status: &'static str) {
         *lock(&self.outcomes).entry((outcome, status)).or_default() += 1;
+    }
+
+    /// A request refused by access control, by why (`missing`, `malformed`,
+    /// `unknown`, `forbidden`, `outside_queues`): a fixed set, never the token.
+    pub fn auth_failure(&self, reason: &'static str) {
+        *lock(&self.auth_failures).entry(reason).or_default() += 1;
     }
 
     /// Prometheus text exposition format 0.0.4.
@@ -173,13 +180,23 @@ impl Metrics {
             &mut out,
             "child_ledger_outcomes_total",
             "counter",
-            "Outcome writes, by outcome and by what became of them (applied, duplicate, conflict, not_found, not_decomposed).",
+            "Outcome writes, by outcome and by what became of them (applied, duplicate, conflict, claim_mismatch, not_found, not_decomposed).",
         );
         for ((outcome, status), n) in lock(&self.outcomes).iter() {
             let _ = writeln!(
                 out,
                 "child_ledger_outcomes_total{{outcome=\"{outcome}\",status=\"{status}\"}} {n}"
             );
+        }
+
+        family(
+            &mut out,
+            "child_ledger_auth_failures_total",
+            "counter",
+            "Requests refused by access control, by reason (missing, malformed, unknown, forbidden, outside_queues).",
+        );
+        for (reason, n) in lock(&self.auth_failures).iter() {
+            let _ = writeln!(out, "child_ledger_auth_failures_total{{reason=\"{reason}\"}} {n}");
         }
 
         family(

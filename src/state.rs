@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::access::Access;
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -11,6 +12,8 @@ use crate::store::Store;
 pub struct AppState {
     pub store: Store,
     pub limits: Arc<Limits>,
+    /// Who may call what: open, or the tokens file as last read.
+    pub access: Arc<Access>,
     /// Wakes long-polling claims in this process when work may have become
     /// claimable (a registration, seal, release, retry or expired lease, here
     /// or, through Postgres `NOTIFY`, on another replica).
@@ -25,6 +28,7 @@ impl AppState {
         Self {
             store,
             limits: Arc::new(limits),
+            access: Arc::new(Access::open()),
             work_signal: Arc::new(tokio::sync::Notify::new()),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
@@ -41,6 +45,12 @@ impl AppState {
                 tracing::debug!(error = %err, "work notification not sent; other replicas recheck on their own");
             }
         });
+    }
+
+    /// The same service, with these access rules.
+    pub fn with_access(mut self, access: Arc<Access>) -> Self {
+        self.access = access;
+        self
     }
 
     pub fn begin_shutdown(&self) {

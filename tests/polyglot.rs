@@ -23,14 +23,22 @@ fn example(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(path)
 }
 
-/// Starts one worker; `extra` adds flags after the common ones.
-fn worker(lang: &str, base: &str, effects: &Path, extra: &[&str]) -> Child {
+/// Starts one worker with a worker token (Python takes it as `--token`, Node
+/// from `LEDGER_TOKEN`: the two ways the examples accept it); `extra` adds
+/// flags after the common ones.
+fn worker(lang: &str, base: &str, token: &str, effects: &Path, extra: &[&str]) -> Child {
     let (program, script) = match lang {
         "python" => ("python3", example("python/worker.py")),
         _ => ("node", example("node/worker.mjs")),
     };
-    Command::new(program)
-        .arg(script)
+    let mut command = Command::new(program);
+    command.arg(script);
+    if lang == "python" {
+        command.args(["--token", token]);
+    } else {
+        command.env("LEDGER_TOKEN", token);
+    }
+    command
         .args(["--url", base, "--queue", QUEUE, "--worker", &format!("{lang}-test")])
         .args(["--limit", "20", "--lease-seconds", "10", "--batch-size", "10"])
         .arg("--effects-file")
@@ -76,7 +84,10 @@ fn sigterm(child: &Child) {
 }
 
 async fn python_and_node_share_a_queue(backend: Backend) {
-    let app = spawn_app(backend).await;
+    let (worker_token, worker_entry) = token("polyglot-workers", &[Role::Worker], &[QUEUE]);
+    let (admin_token, admin_entry) = token("polyglot-test", &[Role::Admin], &[]);
+    let mut app = spawn_app_with_tokens(backend, json!([worker_entry, admin_entry])).await;
+    app.token = Some(admin_token);
     for p in 0..PARENTS {
         let children: Vec<Value> = (0..CHILDREN).map(|i| json!({"payload": {"p": p, "i": i}})).collect();
         let r = app
@@ -94,8 +105,8 @@ async fn python_and_node_share_a_queue(backend: Backend) {
 
     // Round 1: both start slowly and are told to stop part way through.
     let slow = ["--work-ms", "5", "--wait-seconds", "1"];
-    let python = worker("python", &app.base, &effects, &slow);
-    let node = worker("node", &app.base, &effects, &slow);
+    let python = worker("python", &app.base, &worker_token, &effects, &slow);
+    let node = worker("node", &app.base, &worker_token, &effects, &slow);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while app.count("SELECT count(*) FROM child WHERE state = 'processed'").await < total / 5 {
         assert!(tokio::time::Instant::now() < deadline, "the workers made no progress");
@@ -115,8 +126,8 @@ async fn python_and_node_share_a_queue(backend: Backend) {
 
     // Round 2: both drain the queue and exit when it is empty.
     let drain = ["--exit-when-empty", "--work-ms", "1"];
-    let python = worker("python", &app.base, &effects, &drain);
-    let node = worker("node", &app.base, &effects, &drain);
+    let python = worker("python", &app.base, &worker_token, &effects, &drain);
+    let node = worker("node", &app.base, &worker_token, &effects, &drain);
     let second = [summary("python", python).await, summary("node", node).await];
 
     let all: Vec<&Value> = first.iter().chain(&second).collect();

@@ -1,7 +1,10 @@
 #!/usr/bin/env node
 // An example child-ledger worker: Node 20+, built-in fetch, no dependencies.
 //
-//     node worker.mjs --queue events [--url http://127.0.0.1:8080] [--exit-when-empty]
+//     node worker.mjs --queue events [--url http://127.0.0.1:8080] [--token T] [--exit-when-empty]
+//
+// With access control on, give a token with the `worker` role (--token, or
+// LEDGER_TOKEN in the environment): it is sent as `Authorization: Bearer`.
 //
 // The loop, for anyone writing a worker in another language (API.md is the
 // contract; GET /openapi.json is its machine-readable form):
@@ -85,6 +88,7 @@ try {
     options: {
       url: { type: "string", default: "http://127.0.0.1:8080" },
       queue: { type: "string" },
+      token: { type: "string", default: process.env.LEDGER_TOKEN },
       worker: { type: "string", default: `${LANG}-${process.pid}` },
       "exit-when-empty": { type: "boolean", default: false },
       limit: { type: "string", default: "50" },
@@ -100,11 +104,13 @@ try {
 }
 if (opts.error || !opts.queue) {
   if (opts.error) process.stderr.write(`${opts.error}\n`);
-  process.stderr.write("usage: node worker.mjs --queue NAME [--url URL] [--worker NAME] [--exit-when-empty]\n"
+  process.stderr.write("usage: node worker.mjs --queue NAME [--url URL] [--token T] [--worker NAME] [--exit-when-empty]\n"
     + "  [--limit 50] [--lease-seconds 30] [--wait-seconds 5] [--batch-size 25] [--work-ms 0] [--effects-file PATH]\n");
   process.exit(2);
 }
 const base = opts.url.replace(/\/+$/, "");
+const headers = { "content-type": "application/json", accept: "application/json" };
+if (opts.token) headers.authorization = `Bearer ${opts.token}`;
 const exitWhenEmpty = opts["exit-when-empty"];
 const limit = Number(opts.limit);
 const leaseSeconds = Number(opts["lease-seconds"]);
@@ -126,7 +132,7 @@ async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOn
     try {
       const response = await fetch(base + path, {
         method,
-        headers: { "content-type": "application/json", accept: "application/json" },
+        headers,
         body: body === undefined ? undefined : JSON.stringify(body),
         signal: AbortSignal.timeout(timeoutMs),
       });

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """An example child-ledger worker: Python 3.9+, standard library only.
 
-    python3 worker.py --queue events [--url http://127.0.0.1:8080] [--exit-when-empty]
+    python3 worker.py --queue events [--url http://127.0.0.1:8080] [--token T] [--exit-when-empty]
+
+With access control on, give a token with the `worker` role (--token, or
+LEDGER_TOKEN in the environment): it is sent as `Authorization: Bearer`.
 
 The loop, for anyone writing a worker in another language (API.md is the
 contract; GET /openapi.json is its machine-readable form):
@@ -81,15 +84,17 @@ class Unavailable(Exception):
 class Ledger:
     """JSON over HTTP, retrying transient failures."""
 
-    def __init__(self, base_url, stop):
+    def __init__(self, base_url, stop, token=None):
         self.base, self.stop = base_url.rstrip("/"), stop
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
 
     def call(self, method, path, body=None, timeout=30, tries=8, give_up_on_stop=False):
         data = None if body is None else json.dumps(body).encode()
         delay = 0.5
         for attempt in range(1, tries + 1):
-            request = urllib.request.Request(self.base + path, data=data, method=method, headers={
-                "Content-Type": "application/json", "Accept": "application/json"})
+            request = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
             try:
                 with urllib.request.urlopen(request, timeout=timeout) as response:
                     return json.load(response)
@@ -188,7 +193,7 @@ class Worker:
     def __init__(self, args):
         self.args = args
         self.stop = threading.Event()
-        self.api = Ledger(args.url, self.stop)
+        self.api = Ledger(args.url, self.stop, args.token)
         self.effects = Effects(args.effects_file)
         self.work = lambda child: do_work(child, args.worker, args.work_ms)
         self.stats = dict.fromkeys(
@@ -302,6 +307,8 @@ def main():
     parser = argparse.ArgumentParser(description="Example child-ledger worker.")
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="service base URL")
     parser.add_argument("--queue", required=True, help="queue to claim from")
+    parser.add_argument("--token", default=os.environ.get("LEDGER_TOKEN"),
+                        help="bearer token with the worker role (default: $LEDGER_TOKEN)")
     parser.add_argument("--worker", default=f"{LANG}-{os.getpid()}", help="label shown as claimed_by")
     parser.add_argument("--exit-when-empty", action="store_true",
                         help="exit once a claim is empty and the queue has nothing pending or in flight")

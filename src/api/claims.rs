@@ -13,6 +13,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::extract::{AppJson, claim_id_param, parent_id_param, queue_param};
+use super::guard::Caller;
 use super::validate::{MAX_WORKER_CHARS, in_range, max_chars};
 use super::whole;
 use crate::config::{Limits, MAX_WAIT_SECONDS};
@@ -211,6 +212,7 @@ pub struct Extended {
 )]
 async fn extend_claim(
     State(state): State<AppState>,
+    caller: Caller,
     Path(claim_id): Path<String>,
     AppJson(body): AppJson<ExtendClaim>,
 ) -> ApiResult<Json<Extended>> {
@@ -222,6 +224,12 @@ async fn extend_claim(
         1,
         limits.max_lease_seconds,
     )?;
+    if !caller.reaches_claim(&state, claim_id).await? {
+        return Ok(Json(Extended {
+            extended: 0,
+            lease_expires_at: None,
+        }));
+    }
     let (extended, lease_expires_at) = state.store.extend(claim_id, lease_seconds).await?;
     Ok(Json(Extended {
         extended,
@@ -275,6 +283,7 @@ pub struct Released {
 )]
 async fn release_claim(
     State(state): State<AppState>,
+    caller: Caller,
     Path(claim_id): Path<String>,
     AppJson(body): AppJson<ReleaseClaim>,
 ) -> ApiResult<Json<Released>> {
@@ -306,6 +315,9 @@ async fn release_claim(
             Some(refs)
         }
     };
+    if !caller.reaches_claim(&state, claim_id).await? {
+        return Ok(Json(Released { released: 0 }));
+    }
     let released = state
         .store
         .release(claim_id, children.as_deref(), delay_seconds)

@@ -115,7 +115,7 @@ fn nul_path(body: &[u8]) -> String {
         .unwrap_or_else(|| "body".to_owned())
 }
 
-fn is_json(content_type: &str) -> bool {
+pub(super) fn is_json(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }

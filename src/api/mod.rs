@@ -5,6 +5,7 @@
 mod children;
 mod claims;
 pub mod extract;
+pub mod guard;
 mod openapi;
 mod ops;
 mod outcomes;
@@ -52,6 +53,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
     let (router, api) = routes().split_for_parts();
     let api = openapi::complete(api, &state.limits);
     router
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard::guard))
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(route_not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())

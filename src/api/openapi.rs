@@ -7,6 +7,9 @@ use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder, Schema};
 
+use axum::http::Method;
+
+use super::guard::needed_role;
 use super::validate::{MAX_KEY_CHARS, MAX_REASON_CHARS, MAX_WORKER_CHARS};
 use crate::config::{Limits, MAX_WAIT_SECONDS};
 use crate::error::Problem;
@@ -37,6 +40,7 @@ pub(super) struct ApiDoc;
 /// The routes' document completed for a service running with `limits`.
 pub(super) fn complete(mut api: utoipa::openapi::OpenApi, limits: &Limits) -> utoipa::openapi::OpenApi {
     document_every_operation(&mut api);
+    document_access(&mut api);
     document_limits(&mut api, limits);
     api
 }
@@ -112,6 +116,64 @@ fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
                     None => note.to_owned(),
                 });
             }
+        }
+    }
+}
+
+/// The bearer scheme, and on each operation the role it needs, from the
+/// guard's own table (`guard::needed_role`). The role is the requirement's
+/// scope, as OpenAPI 3.1 allows for non-OAuth schemes, and is said in words.
+fn document_access(api: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+    let mut bearer = Http::new(HttpAuthScheme::Bearer);
+    bearer.description = Some(
+        "A token from the service's tokens file (`child-ledger token new`). Needed only when the service runs \
+         with `--tokens-file`; roles: `reader` (every GET), `producer` (+ register, append, seal), `worker` \
+         (+ claims, extend, release, outcomes), `admin` (everything). Outside the token's queues a parent, \
+         child or queue answers 404."
+            .to_owned(),
+    );
+    api.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme("bearer", SecurityScheme::Http(bearer));
+    let problem = |description: &str| {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    let unauthenticated = problem("No token, or a token this service does not know (with `WWW-Authenticate: Bearer`)");
+    let forbidden = problem("The token's role does not allow this operation");
+    for (path, item) in api.paths.paths.iter_mut() {
+        let operations = [
+            (Method::GET, &mut item.get),
+            (Method::PUT, &mut item.put),
+            (Method::POST, &mut item.post),
+            (Method::DELETE, &mut item.delete),
+            (Method::PATCH, &mut item.patch),
+        ];
+        for (method, op) in operations {
+            let (Some(op), Some(role)) = (op.as_mut(), needed_role(&method, path)) else {
+                continue;
+            };
+            op.security = Some(vec![SecurityRequirement::new("bearer", [role.as_str()])]);
+            let note = format!("Role: `{}` (when the service runs with tokens).", role.as_str());
+            op.description = Some(match op.description.take() {
+                Some(d) => format!("{d}\n\n{note}"),
+                None => note,
+            });
+            let responses = &mut op.responses.responses;
+            responses
+                .entry("401".to_owned())
+                .or_insert_with(|| unauthenticated.clone());
+            responses.entry("403".to_owned()).or_insert_with(|| forbidden.clone());
         }
     }
 }

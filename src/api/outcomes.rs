@@ -1,5 +1,6 @@
 //! Terminal outcomes, single and batched: first writer wins, one-way.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -12,8 +13,10 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::extract::{AppJson, parent_id_param, sequence_param};
+use super::guard::Caller;
 use super::validate::{MAX_REASON_CHARS, json_bytes, max_bytes, max_chars};
 use super::whole;
+use crate::access::Role;
 use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
@@ -85,11 +88,15 @@ fn checked(limits: &Limits, field: &str, write: OutcomeWrite) -> ApiResult<Outco
 )]
 async fn record_outcome(
     State(state): State<AppState>,
+    caller: Caller,
     Path((parent_id, sequence)): Path<(String, String)>,
     AppJson(body): AppJson<RecordOutcome>,
 ) -> ApiResult<Json<OutcomeRecorded>> {
     let parent_id = parent_id_param(&parent_id)?;
     let sequence = sequence_param(&sequence)?;
+    if body.claim_id.is_none() {
+        caller.must(Role::Admin, "record an outcome without a `claim_id`")?;
+    }
     let write = OutcomeWrite {
         parent_id: parent_id.clone(),
         sequence,
@@ -112,6 +119,12 @@ async fn record_outcome(
         OutcomeStatus::Conflict => {
             let child = state.store.child(&parent_id, sequence).await?;
             return Err(ApiError::OutcomeConflict { child: Box::new(child) });
+        }
+        OutcomeStatus::ClaimMismatch => {
+            return Err(ApiError::ClaimMismatch(format!(
+                "claim_id {} holds neither the current nor the previous lease of child {sequence} in parent {parent_id}; nothing was written",
+                body.claim_id.map(|c| c.to_string()).unwrap_or_default()
+            )));
         }
     };
     let child = state.store.child(&parent_id, sequence).await?;
@@ -171,11 +184,49 @@ async fn record_and_count(state: &AppState, writes: Arc<[OutcomeWrite]>) -> ApiR
     Ok(statuses)
 }
 
+/// Records the writes whose parents are in the caller's queues; the others
+/// are answered `not_found`, as if they did not exist, and not written.
+async fn record_within_reach(
+    state: &AppState,
+    caller: &Caller,
+    writes: Vec<OutcomeWrite>,
+) -> ApiResult<(Arc<[OutcomeWrite]>, Vec<OutcomeStatus>)> {
+    if caller.0.queues.is_every() {
+        let writes: Arc<[OutcomeWrite]> = writes.into();
+        let statuses = record_and_count(state, Arc::clone(&writes)).await?;
+        return Ok((writes, statuses));
+    }
+    let mut reach: HashMap<ParentId, bool> = HashMap::new();
+    for write in &writes {
+        if !reach.contains_key(&write.parent_id) {
+            let queue = state.store.queue_of(&write.parent_id).await?;
+            let reached = queue.is_none_or(|q| caller.0.reaches(q.as_str()));
+            reach.insert(write.parent_id.clone(), reached);
+        }
+    }
+    let (inside, outside): (Vec<usize>, Vec<usize>) = (0..writes.len()).partition(|&i| reach[&writes[i].parent_id]);
+    let mut statuses = vec![OutcomeStatus::NotFound; writes.len()];
+    if !inside.is_empty() {
+        let recorded: Arc<[OutcomeWrite]> = inside.iter().map(|&i| writes[i].clone()).collect();
+        for (i, status) in inside.iter().zip(record_and_count(state, recorded).await?) {
+            statuses[*i] = status;
+        }
+    }
+    for i in outside {
+        state
+            .metrics
+            .outcome(writes[i].outcome.as_str(), OutcomeStatus::NotFound.as_str());
+    }
+    Ok((writes.into(), statuses))
+}
+
 /// Record many outcomes in one transaction.
 ///
 /// Each item gets `applied`, `duplicate` (same outcome already recorded),
 /// `conflict` (a different outcome won; kept in the child's `conflicts`),
-/// `not_found` or `not_decomposed`, in request order.
+/// `claim_mismatch` (the `claim_id` holds neither the child's current nor its
+/// previous lease; nothing written), `not_found` (also for a child outside
+/// the token's queues) or `not_decomposed`, in request order.
 #[utoipa::path(
     post,
     path = "/v1/outcomes",
@@ -188,6 +239,7 @@ async fn record_and_count(state: &AppState, writes: Arc<[OutcomeWrite]>) -> ApiR
 )]
 async fn record_outcomes(
     State(state): State<AppState>,
+    caller: Caller,
     AppJson(body): AppJson<RecordOutcomes>,
 ) -> ApiResult<Json<BatchResults>> {
     let max = state.limits.max_outcomes_per_request;
@@ -205,6 +257,12 @@ async fn record_outcomes(
                 "must be non-negative",
             ));
         }
+        if item.claim_id.is_none() {
+            caller.must(
+                Role::Admin,
+                &format!("record an outcome without a `claim_id` (outcomes[{i}].claim_id)"),
+            )?;
+        }
         let write = OutcomeWrite {
             parent_id: item.parent_id,
             sequence: item.sequence,
@@ -215,8 +273,7 @@ async fn record_outcomes(
         };
         writes.push(checked(&state.limits, &format!("outcomes[{i}]."), write)?);
     }
-    let writes: Arc<[OutcomeWrite]> = writes.into();
-    let statuses = record_and_count(&state, Arc::clone(&writes)).await?;
+    let (writes, statuses) = record_within_reach(&state, &caller, writes).await?;
     let results = writes
         .iter()
         .zip(statuses)

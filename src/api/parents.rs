@@ -13,6 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{AppJson, AppQuery, parent_id_param};
+use super::guard::Caller;
 use super::validate::{ChildChecker, child_count, in_range, json_bytes, max_bytes, null_payload, page_limit};
 use super::whole;
 use crate::config::Limits;
@@ -175,10 +176,17 @@ impl RegisterParent {
 )]
 async fn register_parent(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     AppJson(body): AppJson<RegisterParent>,
 ) -> ApiResult<impl IntoResponse> {
     let registration = body.into_registration(parent_id_param(&parent_id)?, &state.limits)?;
+    if !caller.0.reaches(registration.queue.as_str()) {
+        return Err(ApiError::Forbidden(format!(
+            "queue: token {:?} may not register parents in queue {}",
+            caller.0.name, registration.queue
+        )));
+    }
     let (created, parent) = state.store.register(&registration).await?;
     if created {
         state.signal_work();
@@ -265,6 +273,7 @@ pub struct ParentList {
 )]
 async fn list_parents(
     State(state): State<AppState>,
+    caller: Caller,
     AppQuery(query): AppQuery<ListQuery>,
 ) -> ApiResult<Json<ParentList>> {
     let limit = page_limit(query.limit)?;
@@ -285,6 +294,7 @@ async fn list_parents(
             queue: query.queue,
             state: query.state,
             resumable: query.resumable.unwrap_or(false),
+            within: caller.0.queues.clone(),
             after_position,
             limit,
         })

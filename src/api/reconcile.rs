@@ -9,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{AppJson, parent_id_param};
+use super::guard::Caller;
 use crate::error::{ApiResult, Problem};
 use crate::ledger::{ParentId, QueueName, ReconcileReport, SweepReport};
 use crate::state::AppState;
@@ -79,12 +80,13 @@ pub struct ReconcileAll {
 )]
 async fn reconcile_all(
     State(state): State<AppState>,
+    caller: Caller,
     AppJson(body): AppJson<ReconcileAll>,
 ) -> ApiResult<Json<SweepReport>> {
     Ok(Json(
         state
             .store
-            .reconcile_sweep(body.queue.as_ref(), body.dry_run.unwrap_or(false))
+            .reconcile_sweep(body.queue.as_ref(), &caller.0.queues, body.dry_run.unwrap_or(false))
             .await?,
     ))
 }

@@ -236,6 +236,9 @@ pub enum OutcomeStatus {
     Duplicate,
     /// A different outcome already won; this write is kept in the child's `conflicts`.
     Conflict,
+    /// The write's `claim_id` is neither the child's current claim nor its
+    /// previous one: nothing was written.
+    ClaimMismatch,
     NotFound,
     /// The parent is still decomposing: no outcome can be recorded yet.
     NotDecomposed,
@@ -247,6 +250,7 @@ impl OutcomeStatus {
             Self::Applied => "applied",
             Self::Duplicate => "duplicate",
             Self::Conflict => "conflict",
+            Self::ClaimMismatch => "claim_mismatch",
             Self::NotFound => "not_found",
             Self::NotDecomposed => "not_decomposed",
         }

@@ -24,6 +24,15 @@ pub fn attempt_of(
     }
 }
 
+/// Outcome fencing: a write that names a claim counts only when that claim
+/// holds the child now or held it last (the late-win rule); any other claim
+/// id is refused and writes nothing. A write without a claim id passes (who
+/// may send one is access control's business). Mirrored in SQL by
+/// `store::sql::fence_admits`.
+pub fn fence_admits(claim_id: Option<Uuid>, previous_claim_id: Option<Uuid>, claim: Option<Uuid>) -> bool {
+    claim.is_none() || attempt_of(0, claim_id, previous_claim_id, claim).is_some()
+}
+
 /// The attempt a winning outcome write is credited to. A write without a
 /// claim id counts for the current attempt (none if the child was never
 /// claimed); a late write by the previous holder counts for its own attempt,
@@ -41,17 +50,20 @@ pub fn credited_attempt(
 }
 
 /// Why a write that did not win lost, from what the ledger holds for its
-/// child now: whether the parent exists and is decomposed, and the child's
-/// state. `None`: nothing made it lose any more (its parent was sealed, or its
-/// child appended, since the write was tried), so it is tried again.
+/// child now: whether the parent exists and is decomposed, the child's state,
+/// and whether the write's claim id passes the fence. `None`: nothing made it
+/// lose any more (its parent was sealed, or its child appended, since the
+/// write was tried), so it is tried again.
 pub fn losing_status(
     parent_decomposed: Option<bool>,
     state: Option<ChildState>,
+    fenced_out: bool,
     outcome: Outcome,
 ) -> Option<OutcomeStatus> {
     match (parent_decomposed, state) {
         (None, _) | (_, None) => Some(OutcomeStatus::NotFound),
         (Some(false), _) => Some(OutcomeStatus::NotDecomposed),
+        _ if fenced_out => Some(OutcomeStatus::ClaimMismatch),
         (Some(true), Some(state)) if !state.is_terminal() => None,
         (Some(true), Some(state)) if state == outcome.state() => Some(OutcomeStatus::Duplicate),
         (Some(true), Some(_)) => Some(OutcomeStatus::Conflict),
@@ -96,22 +108,46 @@ mod tests {
     fn losers_are_told_why() {
         use OutcomeStatus::*;
         let processed = Some(ChildState::Processed);
-        assert_eq!(losing_status(None, None, Outcome::Processed), Some(NotFound));
-        assert_eq!(losing_status(Some(true), None, Outcome::Processed), Some(NotFound));
+        assert_eq!(losing_status(None, None, false, Outcome::Processed), Some(NotFound));
         assert_eq!(
-            losing_status(Some(false), Some(ChildState::Pending), Outcome::Processed),
+            losing_status(Some(true), None, false, Outcome::Processed),
+            Some(NotFound)
+        );
+        assert_eq!(
+            losing_status(Some(false), Some(ChildState::Pending), false, Outcome::Processed),
             Some(NotDecomposed)
         );
         assert_eq!(
-            losing_status(Some(true), processed, Outcome::Processed),
+            losing_status(Some(true), processed, false, Outcome::Processed),
             Some(Duplicate)
         );
-        assert_eq!(losing_status(Some(true), processed, Outcome::Failed), Some(Conflict));
+        assert_eq!(
+            losing_status(Some(true), processed, false, Outcome::Failed),
+            Some(Conflict)
+        );
+        // A claim that never held the child, or held it two claims ago, is
+        // refused before anything else is said about the child.
+        for state in [ChildState::Pending, ChildState::InFlight, ChildState::Processed] {
+            assert_eq!(
+                losing_status(Some(true), Some(state), true, Outcome::Processed),
+                Some(ClaimMismatch)
+            );
+        }
         // Sealed (or appended) since the write was tried: a non-terminal child
         // is no conflict; the write is tried again.
         for open in [ChildState::Pending, ChildState::InFlight, ChildState::Held] {
-            assert_eq!(losing_status(Some(true), Some(open), Outcome::Failed), None);
+            assert_eq!(losing_status(Some(true), Some(open), false, Outcome::Failed), None);
         }
+    }
+
+    #[test]
+    fn the_fence_admits_the_current_and_previous_claim_only() {
+        let (current, previous, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        assert!(fence_admits(Some(current), Some(previous), None));
+        assert!(fence_admits(Some(current), Some(previous), Some(current)));
+        assert!(fence_admits(Some(current), Some(previous), Some(previous)));
+        assert!(!fence_admits(Some(current), Some(previous), Some(other)));
+        assert!(!fence_admits(None, None, Some(other)), "a child never claimed");
     }
 
     #[test]

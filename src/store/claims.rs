@@ -142,6 +142,13 @@ impl Store {
         Ok((claim.leased, claim.taken))
     }
 
+    /// The queues of the parents whose children a claim holds (in practice
+    /// one: a claim is made on one parent or one queue).
+    pub async fn queues_of_claim(&self, claim_id: Uuid) -> StoreResult<Vec<QueueName>> {
+        let queues = dispatch!(self, s => s.queues_of_claim(claim_id).await)?;
+        Ok(queues.into_iter().map(QueueName::from_ledger).collect())
+    }
+
     /// Extends every live lease of a claim. Returns how many and the new expiry.
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
         dispatch!(self, s => s.extend(claim_id, lease_seconds).await)

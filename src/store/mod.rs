@@ -138,6 +138,8 @@ pub struct ParentFilter {
     pub state: Option<crate::ledger::ParentState>,
     /// Only active parents with a child claimable now.
     pub resumable: bool,
+    /// Only parents of these queues (a token's reach).
+    pub within: crate::access::QueueScope,
     /// List parents after this position (exclusive).
     pub after_position: Option<i64>,
     pub limit: i64,

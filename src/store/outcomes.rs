@@ -141,7 +141,7 @@ impl Store {
         let facts = in_tx!(&mut tx, outcomes::loser_facts(losers))?;
         let mut statuses = Vec::with_capacity(losers.len());
         for (write, facts) in losers.iter().zip(facts) {
-            let status = losing_status(facts.parent_decomposed, facts.state, write.outcome);
+            let status = losing_status(facts.parent_decomposed, facts.state, facts.fenced_out, write.outcome);
             if status == Some(OutcomeStatus::Conflict) {
                 in_tx!(&mut tx, outcomes::log_conflict(write))?;
             }

@@ -4,7 +4,7 @@ use super::{
     ChildPage, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, WRITE_CHUNK, dispatch, in_tx,
 };
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT};
-use crate::ledger::{Appended, Child, ChildState, NewChild, Parent, ParentId, Registration};
+use crate::ledger::{Appended, Child, ChildState, NewChild, Parent, ParentId, QueueName, Registration};
 
 /// How many differing sequences an append conflict names at most.
 const DIFFERING_REPORTED: usize = 100;
@@ -123,6 +123,11 @@ impl Store {
     pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> StoreResult<Parent> {
         dispatch!(self, s => s.parent(parent_id, include_payload).await)?
             .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))
+    }
+
+    /// The queue of a parent, if it exists.
+    pub async fn queue_of(&self, parent_id: &ParentId) -> StoreResult<Option<QueueName>> {
+        Ok(dispatch!(self, s => s.queue_of(parent_id).await)?.map(QueueName::from_ledger))
     }
 
     pub async fn list_parents(&self, filter: &ParentFilter) -> StoreResult<ParentPage> {

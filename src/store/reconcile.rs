@@ -2,6 +2,7 @@
 //! difference and repair it. When they disagree, the rows win.
 
 use super::{Db, Store, StoreError, StoreResult, Tx, dispatch, in_tx};
+use crate::access::QueueScope;
 use crate::ledger::projection::{self, CompletionRepair, DerivedProjection};
 use crate::ledger::{ParentId, QueueName, ReconcileReport, SweepReport};
 
@@ -35,8 +36,13 @@ impl Store {
         })
     }
 
-    /// Reconciles every parent (or one queue's), a page at a time.
-    pub async fn reconcile_sweep(&self, queue: Option<&QueueName>, dry_run: bool) -> StoreResult<SweepReport> {
+    /// Reconciles every parent (or one queue's) within `within`, a page at a time.
+    pub async fn reconcile_sweep(
+        &self,
+        queue: Option<&QueueName>,
+        within: &QueueScope,
+        dry_run: bool,
+    ) -> StoreResult<SweepReport> {
         let mut report = SweepReport {
             dry_run,
             checked: 0,
@@ -46,7 +52,7 @@ impl Store {
         };
         let mut after = 0;
         loop {
-            let page = dispatch!(self, s => s.drift_page(queue, after, SWEEP_PAGE).await)?;
+            let page = dispatch!(self, s => s.drift_page(queue, within, after, SWEEP_PAGE).await)?;
             report.checked += page.checked;
             for parent_id in page.drifted {
                 // Re-derived under the parent's lock: a concurrent outcome may have

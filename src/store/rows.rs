@@ -262,11 +262,13 @@ pub(crate) struct Applied {
 }
 
 /// What the ledger holds for a losing write's child: whether its parent exists
-/// and is decomposed, and the child's state.
+/// and is decomposed, the child's state, and whether the write's claim id
+/// fails the fence.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LoserFacts {
     pub parent_decomposed: Option<bool>,
     pub state: Option<ChildState>,
+    pub fenced_out: bool,
 }
 
 /// A seal's count of stored sequences below and at or past its total.

@@ -30,6 +30,35 @@ pub(crate) fn attempt_of(claim: &str) -> String {
     )
 }
 
+/// `ledger::outcome::fence_admits` in SQL: whether a write with claim id
+/// `claim` may record child row `c`'s outcome (no claim id, or the child's
+/// current claim, or the one before). NULL counts as no.
+pub(crate) fn fence_admits(claim: &str) -> String {
+    format!("coalesce({claim} IS NULL OR {claim} = c.claim_id OR {claim} = c.previous_claim_id, false)")
+}
+
+/// `access::QueueScope::allows` in Postgres: whether parent `p`'s queue is
+/// within the scope bound as JSON text `param` (`QueueScope::as_json`: NULL
+/// for every queue).
+pub(crate) fn within_postgres(param: &str) -> String {
+    format!(
+        "({param}::text IS NULL \
+          OR p.queue IN (SELECT jsonb_array_elements_text({param}::jsonb -> 'exact')) \
+          OR EXISTS (SELECT 1 FROM jsonb_array_elements_text({param}::jsonb -> 'prefixes') AS x(prefix) \
+                     WHERE starts_with(p.queue, x.prefix)))"
+    )
+}
+
+/// `within_postgres` in SQLite.
+pub(crate) fn within_sqlite(param: &str) -> String {
+    format!(
+        "({param} IS NULL \
+          OR p.queue IN (SELECT value FROM json_each({param}, '$.exact')) \
+          OR EXISTS (SELECT 1 FROM json_each({param}, '$.prefixes') AS x \
+                     WHERE substr(p.queue, 1, length(x.value)) = x.value))"
+    )
+}
+
 /// `ledger::outcome::credited_attempt` in SQL: the attempt an outcome write
 /// is credited to on child row `c`. A write without a claim id is credited to
 /// the current attempt, if the child was ever claimed.
@@ -62,6 +91,12 @@ pub(crate) const PARENT_SELECT: &str = "SELECT p.parent_id, p.queue, p.payload, 
 pub(crate) static PARENT_BY_ID: LazyLock<String> = LazyLock::new(|| format!("{PARENT_SELECT} WHERE p.parent_id = $1"));
 
 /// Whether a parent exists.
+pub(crate) const PARENT_QUEUE: &str = "SELECT queue FROM parent WHERE parent_id = $1";
+
+/// The queues of the parents whose children claim `$1` holds.
+pub(crate) const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM child c JOIN parent p ON p.parent_id = c.parent_id \
+    WHERE c.claim_id = $1 AND c.state = 'in_flight'";
+
 pub(crate) const PARENT_EXISTS: &str = "SELECT 1 FROM parent WHERE parent_id = $1";
 
 /// Opens the lane of a parent that was just decomposed: its queue claims may
@@ -128,9 +163,10 @@ pub(crate) const RETRY_HELD: &str = "UPDATE child SET state = 'pending', availab
 /// missing). `$INPUT` is the dialect's table of `(i, parent_id, sequence)`.
 pub(crate) fn loser_facts(input: &str) -> String {
     format!(
-        "SELECT u.i, p.decomposed_at IS NOT NULL, c.state FROM {input} \
+        "SELECT u.i, p.decomposed_at IS NOT NULL, c.state, {} FROM {input} \
          LEFT JOIN parent p ON p.parent_id = u.parent_id \
-         LEFT JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence"
+         LEFT JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence",
+        fence_admits("u.claim_id")
     )
 }
 
@@ -143,7 +179,9 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::ledger::outcome::{attempt_of as rust_attempt_of, credited_attempt as rust_credited};
+    use crate::ledger::outcome::{
+        attempt_of as rust_attempt_of, credited_attempt as rust_credited, fence_admits as rust_fence,
+    };
     use crate::ledger::projection::Tally;
 
     /// `(decomposed, total, processed, failed, skipped)`.
@@ -195,13 +233,14 @@ mod tests {
             .collect()
     }
 
-    fn expected_attempts() -> Vec<(Option<i32>, Option<i32>)> {
+    fn expected_attempts() -> Vec<(Option<i32>, Option<i32>, bool)> {
         claims()
             .into_iter()
             .map(|(attempts, current, previous, write)| {
                 (
                     rust_attempt_of(attempts, current, previous, write),
                     rust_credited(attempts, current, previous, write),
+                    rust_fence(current, previous, write),
                 )
             })
             .collect()
@@ -210,9 +249,10 @@ mod tests {
     fn attempts_sql(values: &str, claim: &str) -> String {
         format!(
             "WITH c(n, attempts, claim_id, previous_claim_id, w) AS (VALUES {values}) \
-             SELECT {}, {} FROM c ORDER BY c.n",
+             SELECT {}, {}, {} FROM c ORDER BY c.n",
             attempt_of(claim),
-            credited_attempt(claim)
+            credited_attempt(claim),
+            fence_admits(claim)
         )
     }
 
@@ -247,10 +287,11 @@ mod tests {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let got: Vec<(Option<i32>, Option<i32>)> = sqlx::query_as(AssertSqlSafe(attempts_sql(&claims_sql, "c.w")))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+        let got: Vec<(Option<i32>, Option<i32>, bool)> =
+            sqlx::query_as(AssertSqlSafe(attempts_sql(&claims_sql, "c.w")))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
         assert_eq!(got, expected_attempts());
     }
 
@@ -291,10 +332,11 @@ mod tests {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let got: Vec<(Option<i32>, Option<i32>)> = sqlx::query_as(AssertSqlSafe(attempts_sql(&claims_sql, "c.w")))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+        let got: Vec<(Option<i32>, Option<i32>, bool)> =
+            sqlx::query_as(AssertSqlSafe(attempts_sql(&claims_sql, "c.w")))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
         assert_eq!(got, expected_attempts());
     }
 }

@@ -3,11 +3,12 @@
 //! module for its own database, pool and transaction types.
 
 /// Reads of parents and children, as `impl` methods of a backend store:
-/// `shared_reads!(PgStore, sqlx::Postgres, pool, "now()")` reads through
-/// `self.pool`, with `now()` as the clock. sqlx sends each bound value's type,
-/// so the same `$N` text needs no casts on Postgres.
+/// `shared_reads!(PgStore, sqlx::Postgres, pool, "now()", sql::within_postgres)`
+/// reads through `self.pool`, with `now()` as the clock and the dialect's
+/// queue-scope fragment. sqlx sends each bound value's type, so the same `$N`
+/// text needs no casts on Postgres.
 macro_rules! shared_reads {
-    ($store:ty, $db:ty, $pool:ident, $now:expr) => {
+    ($store:ty, $db:ty, $pool:ident, $now:expr, $within:path) => {
         impl $store {
             /// Up to `fetch` parents matching `filter`, with their list positions.
             pub async fn list_parents(
@@ -28,9 +29,11 @@ macro_rules! shared_reads {
                            AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL AND EXISTS ( \
                                 SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
                                   AND (c.available_at IS NULL OR c.available_at <= {now})))) \
+                           AND {within} \
                          ORDER BY p.position LIMIT $5",
                         select = $crate::store::sql::PARENT_SELECT,
-                        now = $now
+                        now = $now,
+                        within = $within("$6")
                     )
                 });
                 let rows = sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
@@ -39,6 +42,7 @@ macro_rules! shared_reads {
                     .bind(filter.after_position)
                     .bind(filter.resumable)
                     .bind(fetch)
+                    .bind(filter.within.as_json())
                     .fetch_all(&self.$pool)
                     .await?;
                 Ok(rows
@@ -92,6 +96,17 @@ macro_rules! shared_reads {
                 parent_id: &$crate::ledger::ParentId,
             ) -> $crate::store::StoreResult<Option<String>> {
                 Ok(sqlx::query_scalar($crate::store::sql::PARENT_FINGERPRINT)
+                    .bind(parent_id.as_str())
+                    .fetch_optional(&self.$pool)
+                    .await?)
+            }
+
+            /// The queue of a parent, if it exists.
+            pub async fn queue_of(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+            ) -> $crate::store::StoreResult<Option<String>> {
+                Ok(sqlx::query_scalar($crate::store::sql::PARENT_QUEUE)
                     .bind(parent_id.as_str())
                     .fetch_optional(&self.$pool)
                     .await?)

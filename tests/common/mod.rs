@@ -6,9 +6,11 @@ pub mod process;
 pub mod raw;
 
 use std::io::Write;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+pub use child_ledger::access::Role;
+use child_ledger::access::{Access, TokenSet};
 use child_ledger::config::Limits;
 use child_ledger::store::Store;
 use child_ledger::{AppState, app};
@@ -93,6 +95,9 @@ pub struct TestApp {
     pub base: String,
     pub client: reqwest::Client,
     pub database_url: String,
+    /// Sent as `Authorization: Bearer` by `request`, `get`, `put`, `post` and `raw`.
+    pub token: Option<String>,
+    access: Arc<Access>,
     db: raw::RawDb,
     server: tokio::task::JoinHandle<()>,
     reaper: tokio::task::JoinHandle<()>,
@@ -199,7 +204,32 @@ pub async fn spawn_app_with(backend: Backend, limits: Limits) -> TestApp {
         .with_test_writer()
         .try_init();
     let (database_url, dir) = new_database(backend).await;
-    start_app(backend, database_url, dir, limits, true).await
+    start_app(backend, database_url, dir, limits, Arc::new(Access::open()), true).await
+}
+
+/// An app that knows only the tokens of `entries` (the `tokens` list of a
+/// tokens file); its requests carry no token until one is set.
+pub async fn spawn_app_with_tokens(backend: Backend, entries: Value) -> TestApp {
+    let tokens = TokenSet::parse(&serde_json::json!({ "tokens": entries }).to_string()).expect("tokens");
+    let (database_url, dir) = new_database(backend).await;
+    start_app(
+        backend,
+        database_url,
+        dir,
+        Limits::default(),
+        Arc::new(Access::from_tokens(tokens)),
+        true,
+    )
+    .await
+}
+
+/// A fresh token with `roles` on `queues` (every queue when empty): the token
+/// and its tokens-file entry.
+pub fn token(name: &str, roles: &[Role], queues: &[&str]) -> (String, Value) {
+    let (token, entry) =
+        child_ledger::access::new_token(name, roles.to_vec(), queues.iter().map(|q| (*q).to_owned()).collect())
+            .expect("token");
+    (token, serde_json::to_value(entry).unwrap())
 }
 
 /// A new, empty database of `backend`: its URL, and its directory to remove
@@ -253,7 +283,15 @@ pub async fn spawn_upgraded_app(backend: Backend, applied: usize, seed: &str) ->
     }
     .expect("apply the old migrations");
     db.execute_raw(seed).await.expect("seed the old ledger");
-    start_app(backend, database_url, dir, Limits::default(), true).await
+    start_app(
+        backend,
+        database_url,
+        dir,
+        Limits::default(),
+        Arc::new(Access::open()),
+        true,
+    )
+    .await
 }
 
 impl TestApp {
@@ -261,7 +299,15 @@ impl TestApp {
     /// its own pools, reaper, work listener and port. The database stays the
     /// first app's to drop.
     pub async fn replica(&self) -> TestApp {
-        start_app(self.backend, self.database_url.clone(), None, Limits::default(), false).await
+        start_app(
+            self.backend,
+            self.database_url.clone(),
+            None,
+            Limits::default(),
+            Arc::clone(&self.access),
+            false,
+        )
+        .await
     }
 }
 
@@ -270,11 +316,12 @@ async fn start_app(
     database_url: String,
     dir: Option<TempDir>,
     limits: Limits,
+    access: Arc<Access>,
     owns_database: bool,
 ) -> TestApp {
     let store = Store::connect(&database_url).await.expect("connect store");
     store.migrate().await.expect("migrate");
-    let state = AppState::new(store.clone(), limits);
+    let state = AppState::new(store.clone(), limits).with_access(Arc::clone(&access));
     // The reaper runs as in production, beside the sweep that short claims do.
     let reaper = tokio::spawn(child_ledger::reap_expired_leases(state.clone(), Duration::from_secs(1)));
     let listener_task = tokio::spawn(child_ledger::listen_for_work(state.clone()));
@@ -293,6 +340,8 @@ async fn start_app(
             .unwrap(),
         db: raw::RawDb::connect(&database_url).await,
         database_url,
+        token: None,
+        access,
         server,
         reaper,
         listener_task,
@@ -318,21 +367,45 @@ impl Drop for TestApp {
 pub struct Reply {
     pub status: StatusCode,
     pub content_type: String,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Value,
 }
 
 impl TestApp {
     pub async fn request(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        self.request_as(self.token.as_deref(), method, path, body).await
+    }
+
+    /// A request with `token` as its bearer token (none: no `Authorization`).
+    pub async fn request_as(&self, token: Option<&str>, method: Method, path: &str, body: Option<Value>) -> Reply {
         let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
         if let Some(body) = body {
             req = req.json(&body);
         }
         Self::reply(req.send().await.expect("request")).await
     }
 
+    pub async fn get_as(&self, token: &str, path: &str) -> Reply {
+        self.request_as(Some(token), Method::GET, path, None).await
+    }
+
+    pub async fn put_as(&self, token: &str, path: &str, body: Value) -> Reply {
+        self.request_as(Some(token), Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn post_as(&self, token: &str, path: &str, body: Value) -> Reply {
+        self.request_as(Some(token), Method::POST, path, Some(body)).await
+    }
+
     /// Sends a raw body with the given content type (none when empty).
     pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
         let mut req = self.client.request(method, format!("{}{path}", self.base)).body(body);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
         if !content_type.is_empty() {
             req = req.header("content-type", content_type);
         }
@@ -347,12 +420,14 @@ impl TestApp {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let headers = resp.headers().clone();
         let bytes = resp.bytes().await.expect("body");
         let body = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
         Reply {
             status,
             content_type,
+            headers,
             body,
         }
     }

@@ -80,6 +80,13 @@ static LANE_CLAIM_SKIP: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDA
 pub static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes("now()"));
 
 impl PgStore {
+    pub async fn queues_of_claim(&self, claim_id: Uuid) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(sql::CLAIM_QUEUES)
+            .bind(claim_id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     /// The first `limit` claimable lanes of a queue, in serving order.
     pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
         let rows: Vec<(String, i32)> = retry_transient!(

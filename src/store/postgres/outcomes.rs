@@ -55,7 +55,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  terminal_at = now(), outcome_attempt = {credited} \
              FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
-               AND c.state IN ('pending', 'in_flight', 'held') \
+               AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
              RETURNING c.parent_id, c.sequence, c.state), \
          deltas AS ( \
              SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
@@ -66,6 +66,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          SELECT parent_id, sequence FROM applied \
          UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed",
         credited = sql::credited_attempt("u.claim_id"),
+        fenced = sql::fence_admits("u.claim_id"),
         bump = BUMP_PARENTS.as_str()
     )
 });
@@ -148,18 +149,21 @@ async fn apply_in_parent<'e>(
 pub(in crate::store) async fn loser_facts(tx: &mut PgTx, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
     let parents: Vec<&str> = losers.iter().map(|w| w.parent_id.as_str()).collect();
     let sequences: Vec<i64> = losers.iter().map(|w| w.sequence).collect();
-    let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
-        "unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(parent_id, sequence, i)",
+    let claims: Vec<Option<uuid::Uuid>> = losers.iter().map(|w| w.claim_id).collect();
+    let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+        "unnest($1::text[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS u(parent_id, sequence, claim_id, i)",
     )))
     .bind(&parents)
     .bind(&sequences)
+    .bind(&claims)
     .fetch_all(&mut **tx)
     .await?;
     let mut facts = vec![LoserFacts::default(); losers.len()];
-    for (i, decomposed, state) in rows {
+    for (i, decomposed, state, admitted) in rows {
         facts[i as usize - 1] = LoserFacts {
             parent_decomposed: decomposed,
             state: state.as_deref().map(parse_column).transpose()?,
+            fenced_out: !admitted,
         };
     }
     Ok(facts)

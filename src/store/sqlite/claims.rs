@@ -74,6 +74,13 @@ static CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim(false));
 static CLAIM_WITH_DUE: LazyLock<String> = LazyLock::new(|| lane_claim(true));
 
 impl SqliteStore {
+    pub async fn queues_of_claim(&self, claim_id: Uuid) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(sql::CLAIM_QUEUES)
+            .bind(claim_id.to_string())
+            .fetch_all(&self.readers)
+            .await?)
+    }
+
     /// The first `limit` claimable lanes of a queue, in serving order.
     pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
         let rows: Vec<(String, i32)> = sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))

@@ -25,11 +25,12 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                       value ->> 5 AS claim_id \
                FROM json_each(?1)) AS j \
          WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
-           AND c.state IN ('pending', 'in_flight', 'held') \
+           AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
            AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
          RETURNING parent_id, sequence, state",
         now = now!(),
-        credited = sql::credited_attempt("j.claim_id")
+        credited = sql::credited_attempt("j.claim_id"),
+        fenced = sql::fence_admits("j.claim_id")
     )
 });
 
@@ -109,18 +110,23 @@ pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Tall
 
 /// What the ledger holds for each losing write's child, in input order.
 pub(in crate::store) async fn loser_facts(tx: &mut SqliteTx, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
-    let named: Vec<(&str, i64)> = losers.iter().map(|w| (w.parent_id.as_str(), w.sequence)).collect();
-    let rows: Vec<(i64, Option<bool>, Option<String>)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
-        "(SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence FROM json_each($1)) AS u",
+    let named: Vec<(&str, i64, Option<String>)> = losers
+        .iter()
+        .map(|w| (w.parent_id.as_str(), w.sequence, w.claim_id.map(|c| c.to_string())))
+        .collect();
+    let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+        "(SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS claim_id \
+          FROM json_each($1)) AS u",
     )))
     .bind(serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned()))
     .fetch_all(&mut **tx)
     .await?;
     let mut facts = vec![LoserFacts::default(); losers.len()];
-    for (i, decomposed, state) in rows {
+    for (i, decomposed, state, admitted) in rows {
         facts[i as usize] = LoserFacts {
             parent_decomposed: decomposed,
             state: state.as_deref().map(parse_column).transpose()?,
+            fenced_out: !admitted,
         };
     }
     Ok(facts)

@@ -21,7 +21,7 @@ static REGISTER: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-steps::shared_reads!(SqliteStore, sqlx::Sqlite, readers, now!());
+steps::shared_reads!(SqliteStore, sqlx::Sqlite, readers, now!(), sql::within_sqlite);
 
 /// Whether a parent is decomposed, `None` when it is missing. The write
 /// transaction already holds SQLite's one write lock.

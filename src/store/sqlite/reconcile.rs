@@ -1,18 +1,30 @@
 //! Reconcile on SQLite: the stored projection, its repair, and the drift scan.
 
 use super::{SqliteStore, SqliteTx, now};
+use std::sync::LazyLock;
+
+use sqlx::AssertSqlSafe;
+
+use crate::access::QueueScope;
 use crate::ledger::QueueName;
 use crate::store::rows::{DriftPage, DriftRow};
-use crate::store::{StoreResult, steps};
+use crate::store::{StoreResult, sql, steps};
 
 steps::projection_steps!(SqliteTx, "", now!());
 
 impl SqliteStore {
     /// One page of the reconcile sweep: the parents after `after` whose stored
     /// projection disagrees with their rows.
-    pub async fn drift_page(&self, queue: Option<&QueueName>, after: i64, page: i64) -> StoreResult<DriftPage> {
-        let rows: Vec<DriftRow> = sqlx::query_as(
-            "SELECT p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
+    pub async fn drift_page(
+        &self,
+        queue: Option<&QueueName>,
+        within: &QueueScope,
+        after: i64,
+        page: i64,
+    ) -> StoreResult<DriftPage> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
                  p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id) AS rows_total, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'processed') \
@@ -21,14 +33,18 @@ impl SqliteStore {
                      AS rows_failed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'skipped') \
                      AS rows_skipped \
-             FROM parent p WHERE p.position > ?1 AND (?2 IS NULL OR p.queue = ?2) \
+             FROM parent p WHERE p.position > ?1 AND (?2 IS NULL OR p.queue = ?2) AND {within} \
              ORDER BY p.position LIMIT ?3",
-        )
-        .bind(after)
-        .bind(queue.map(QueueName::as_str))
-        .bind(page)
-        .fetch_all(&self.readers)
-        .await?;
+                within = sql::within_sqlite("?4")
+            )
+        });
+        let rows: Vec<DriftRow> = sqlx::query_as(AssertSqlSafe(SQL.as_str()))
+            .bind(after)
+            .bind(queue.map(QueueName::as_str))
+            .bind(page)
+            .bind(within.as_json())
+            .fetch_all(&self.readers)
+            .await?;
         Ok(DriftPage::from_rows(rows, page))
     }
 }

@@ -1,0 +1,211 @@
+//! Who may call what. After routing, every request to a guarded route shows
+//! its bearer token (when the service has tokens), the token's role must grant
+//! what the route needs, a write must say it is JSON (a browser form cannot),
+//! and a parent or queue named in the path must be in the token's queues.
+//! One table, `needed_role`, says what each route needs; the OpenAPI document
+//! is written from the same table.
+
+use std::sync::{Arc, LazyLock};
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::access::{Grant, Role};
+use crate::error::{ApiError, ApiResult};
+use crate::ledger::ParentId;
+use crate::state::AppState;
+
+/// The role a route needs, by method and route template; `None` for the
+/// probes, which stay open. A route not named here needs `admin`, so a new
+/// route is closed until it is given its role.
+pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
+    match (method.as_str(), route) {
+        (_, "/healthz" | "/readyz") => None,
+        ("GET" | "HEAD", _) => Some(Role::Reader),
+        ("PUT", "/v1/parents/{parent_id}")
+        | ("POST", "/v1/parents/{parent_id}/children" | "/v1/parents/{parent_id}/seal") => Some(Role::Producer),
+        (
+            "POST",
+            "/v1/parents/{parent_id}/claims"
+            | "/v1/queues/{queue}/claims"
+            | "/v1/claims/{claim_id}/extend"
+            | "/v1/claims/{claim_id}/release"
+            | "/v1/parents/{parent_id}/children/{sequence}/outcome"
+            | "/v1/outcomes",
+        ) => Some(Role::Worker),
+        _ => Some(Role::Admin),
+    }
+}
+
+/// The caller of a guarded request, for handlers whose answer depends on the
+/// token's role or queues (lists, batches, registrations).
+#[derive(Debug, Clone)]
+pub struct Caller(pub Arc<Grant>);
+
+static ANONYMOUS: LazyLock<Arc<Grant>> = LazyLock::new(|| Arc::new(Grant::anonymous()));
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        // Every `/v1` route is guarded; a route that is not sees an open service.
+        Ok(parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or_else(|| Caller(Arc::clone(&ANONYMOUS))))
+    }
+}
+
+impl Caller {
+    /// Refuses unless the caller holds a role that grants `needed`.
+    pub fn must(&self, needed: Role, doing: &str) -> ApiResult<()> {
+        if self.0.may(needed) {
+            Ok(())
+        } else {
+            Err(forbidden(&self.0, needed, doing))
+        }
+    }
+}
+
+impl Caller {
+    /// Whether a claim holds children only in the caller's queues. A claim
+    /// outside them is answered as an unknown one: nothing held.
+    pub async fn reaches_claim(&self, state: &AppState, claim_id: uuid::Uuid) -> ApiResult<bool> {
+        if self.0.queues.is_every() {
+            return Ok(true);
+        }
+        let queues = state.store.queues_of_claim(claim_id).await?;
+        let reached = queues.iter().all(|q| self.0.reaches(q.as_str()));
+        if !reached {
+            state.metrics.auth_failure("outside_queues");
+        }
+        Ok(reached)
+    }
+}
+
+fn forbidden(grant: &Grant, needed: Role, doing: &str) -> ApiError {
+    ApiError::Forbidden(format!(
+        "token {:?} may not {doing}: that needs the {} role",
+        grant.name,
+        needed.as_str()
+    ))
+}
+
+/// The guard, as a route layer: it runs once the route is known.
+pub async fn guard(
+    State(state): State<AppState>,
+    matched: MatchedPath,
+    params: RawPathParams,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(needed) = needed_role(request.method(), matched.as_str()) else {
+        return next.run(request).await;
+    };
+    match admit(&state, needed, &params, request.method(), request.headers()).await {
+        Ok(grant) => {
+            request.extensions_mut().insert(Caller(grant));
+            next.run(request).await
+        }
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn admit(
+    state: &AppState,
+    needed: Role,
+    params: &RawPathParams,
+    method: &Method,
+    headers: &HeaderMap,
+) -> ApiResult<Arc<Grant>> {
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let grant = state.access.authenticate(authorization).map_err(|failure| {
+        state.metrics.auth_failure(failure.as_str());
+        ApiError::Unauthenticated(failure)
+    })?;
+    if !grant.may(needed) {
+        state.metrics.auth_failure("forbidden");
+        return Err(forbidden(&grant, needed, "call this operation"));
+    }
+    if *method == Method::POST || *method == Method::PUT {
+        require_json(headers)?;
+    }
+    if !grant.queues.is_every()
+        && let Err(err) = in_scope(state, &grant, params).await
+    {
+        state.metrics.auth_failure("outside_queues");
+        return Err(err);
+    }
+    Ok(grant)
+}
+
+/// A write must be declared JSON, even with an empty body: a browser sends
+/// a cross-site form or `fetch` without preflight only as
+/// `application/x-www-form-urlencoded`, `multipart/form-data` or `text/plain`.
+fn require_json(headers: &HeaderMap) -> ApiResult<()> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    match content_type {
+        Some(ct) if super::extract::is_json(ct) => Ok(()),
+        Some(ct) => Err(ApiError::UnsupportedMediaType(format!(
+            "expected content-type application/json, got {ct:?}"
+        ))),
+        None => Err(ApiError::UnsupportedMediaType(
+            "expected content-type application/json, got none (send it even with an empty body)".to_owned(),
+        )),
+    }
+}
+
+/// A parent or queue in the path outside the token's queues is answered as
+/// if it did not exist. (A claim id is checked by its handler, which answers
+/// an unknown claim with nothing held.)
+async fn in_scope(state: &AppState, grant: &Grant, params: &RawPathParams) -> ApiResult<()> {
+    let mut sequence = None;
+    let mut parent = None;
+    for (name, value) in params.iter() {
+        match name {
+            "queue" if !grant.reaches(value) => return Err(ApiError::NotFound(format!("no queue {value}"))),
+            "parent_id" => parent = ParentId::parse(value).ok(),
+            "sequence" => sequence = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    // An invalid id is left for the handler to name as a bad parameter.
+    let Some(parent_id) = parent else {
+        return Ok(());
+    };
+    match state.store.queue_of(&parent_id).await? {
+        Some(queue) if !grant.reaches(queue.as_str()) => Err(ApiError::NotFound(match sequence {
+            Some(sequence) => format!("no child {sequence} in parent {parent_id}"),
+            None => format!("no parent {parent_id}"),
+        })),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_write_names_its_role_and_reads_need_reader() {
+        let post = Method::POST;
+        assert_eq!(needed_role(&Method::GET, "/v1/parents"), Some(Role::Reader));
+        assert_eq!(needed_role(&Method::GET, "/metrics"), Some(Role::Reader));
+        assert_eq!(needed_role(&Method::GET, "/healthz"), None);
+        assert_eq!(
+            needed_role(&Method::PUT, "/v1/parents/{parent_id}"),
+            Some(Role::Producer)
+        );
+        assert_eq!(needed_role(&post, "/v1/outcomes"), Some(Role::Worker));
+        assert_eq!(needed_role(&post, "/v1/reconcile"), Some(Role::Admin));
+        assert_eq!(
+            needed_role(&post, "/v1/parents/{parent_id}/children/{sequence}/retry"),
+            Some(Role::Admin)
+        );
+        assert_eq!(needed_role(&post, "/v1/something/new"), Some(Role::Admin));
+    }
+}
