@@ -13,6 +13,9 @@ RUN apt-get update \
     && mkdir -p /data \
     && chown ledger:ledger /data
 COPY --from=builder /src/target/release/child-ledger /usr/local/bin/child-ledger
+# On 0.0.0.0 the service refuses to start without a tokens file
+# (LEDGER_TOKENS_FILE) unless LEDGER_ALLOW_ANONYMOUS=true: see README,
+# "Access control".
 ENV LEDGER_LISTEN=0.0.0.0:8080 \
     DATABASE_URL=sqlite:///data/child-ledger.db
 VOLUME /data
