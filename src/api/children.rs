@@ -110,7 +110,7 @@ pub struct RetryChild {}
         ("parent_id" = ParentId, Path, description = "Parent id"),
         ("sequence" = i64, Path, description = "0-based position in the parent", minimum = 0),
     ),
-    request_body(content = RetryChild, description = "`{}` (the body may be empty)"),
+    request_body(content = RetryChild, description = "`{}`"),
     responses(
         (status = 200, description = "The child, now pending", body = Child),
         (status = 404, description = "Unknown child", body = Problem, content_type = "application/problem+json"),

@@ -133,7 +133,7 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
     path = "/v1/parents/{parent_id}/claims",
     tag = "claims",
     params(("parent_id" = ParentId, Path, description = "Parent id")),
-    request_body(content = ClaimChildren, description = "All fields optional; the body may be empty"),
+    request_body(content = ClaimChildren, description = "All fields optional: `{}` will do"),
     responses(
         (status = 200, description = "The claimed children (an empty list when nothing is claimable)", body = Claim),
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
@@ -158,7 +158,7 @@ async fn claim_from_parent(
     path = "/v1/queues/{queue}/claims",
     tag = "claims",
     params(("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
-    request_body(content = ClaimChildren, description = "All fields optional; the body may be empty"),
+    request_body(content = ClaimChildren, description = "All fields optional: `{}` will do"),
     responses(
         (status = 200, description = "The claimed children (an empty list when nothing is claimable)", body = Claim),
         (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
@@ -204,7 +204,7 @@ pub struct Extended {
     path = "/v1/claims/{claim_id}/extend",
     tag = "claims",
     params(("claim_id" = Uuid, Path, description = "The claim's id")),
-    request_body(content = ExtendClaim, description = "All fields optional; the body may be empty"),
+    request_body(content = ExtendClaim, description = "All fields optional: `{}` will do"),
     responses(
         (status = 200, body = Extended),
         (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
@@ -275,7 +275,7 @@ pub struct Released {
     path = "/v1/claims/{claim_id}/release",
     tag = "claims",
     params(("claim_id" = Uuid, Path, description = "The claim's id")),
-    request_body(content = ReleaseClaim, description = "All fields optional; the body may be empty"),
+    request_body(content = ReleaseClaim, description = "All fields optional: `{}` will do"),
     responses(
         (status = 200, body = Released),
         (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),

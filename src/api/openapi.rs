@@ -49,8 +49,9 @@ pub(super) fn complete(mut api: utoipa::openapi::OpenApi, limits: &Limits) -> ut
 /// any `/v1` operation can answer a 4xx problem (a body over the limit, a
 /// wrong content type, an invalid parameter) and a 503 problem with
 /// `Retry-After` (the database is unreachable or the request ran out of time);
-/// a request body whose members are all optional may be left out entirely,
-/// as the extractor reads an empty body as `{}`.
+/// a request body whose members are all optional may be `{}`, or empty (read
+/// as `{}`), but is still sent as `application/json`: a write without that
+/// content type is 415, which a browser form cannot forge.
 fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
     let problem = |description: &str| {
         ResponseBuilder::new().description(description).content(
@@ -109,8 +110,9 @@ fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
                 .as_mut()
                 .filter(|b| matches!(b, RefOr::T(b) if all_optional(b)))
             {
-                body.required = Some(Required::False);
-                let note = "Every member is optional: an empty body (or none) reads as `{}`.";
+                body.required = Some(Required::True);
+                let note = "Every member is optional: send `{}` (an empty body reads as `{}`, but the \
+                            content type must still be `application/json`).";
                 body.description = Some(match body.description.take() {
                     Some(d) => format!("{d}. {note}"),
                     None => note.to_owned(),
