@@ -58,9 +58,11 @@ pub struct Config {
     #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:8080", global = true)]
     pub listen: SocketAddr,
     /// `sqlite://path` (created if missing) or `postgres://...`.
+    /// Its value is never shown (`--help` hides it): it may hold a password.
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         default_value = "sqlite://child-ledger.db",
         global = true
     )]
@@ -72,9 +74,20 @@ pub struct Config {
     /// How often expired leases are swept to pending, held or failed.
     #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000, global = true)]
     pub reap_interval_ms: u64,
+    /// Longest one database statement may run (Postgres `statement_timeout`;
+    /// a transaction left idle ends after twice that).
+    #[arg(long, env = "LEDGER_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    pub statement_timeout_seconds: u64,
     /// Longest a request may run before it is answered 503.
     #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60, global = true)]
     pub request_timeout_seconds: u64,
+    /// A client must send each request head (the first, and the next one on a
+    /// kept-alive connection) within this long, or it is disconnected.
+    #[arg(long, env = "LEDGER_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    pub header_read_timeout_seconds: u64,
+    /// Most open connections; more are closed as they are accepted.
+    #[arg(long, env = "LEDGER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    pub max_connections: u64,
     /// After SIGTERM, how long in-flight requests get to finish before the process exits anyway.
     #[arg(long, env = "LEDGER_SHUTDOWN_GRACE_SECONDS", default_value_t = 25, global = true)]
     pub shutdown_grace_seconds: u64,
@@ -142,6 +155,12 @@ pub struct Limits {
     /// Largest child payload (and retained parent payload), in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024, global = true)]
     pub max_payload_bytes: usize,
+    /// Most queue label values in the metrics; later queues count as `other`.
+    #[arg(long, env = "LEDGER_MAX_METRIC_QUEUES", default_value_t = crate::metrics::DEFAULT_MAX_QUEUES, global = true)]
+    pub max_metric_queues: usize,
+    /// Most long-poll claims waiting at once in this process; beyond, 429 with Retry-After.
+    #[arg(long, env = "LEDGER_MAX_WAITING_CLAIMS", default_value_t = 1000, global = true)]
+    pub max_waiting_claims: usize,
     /// Largest outcome `result`, in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024, global = true)]
     pub max_result_bytes: usize,
@@ -158,6 +177,8 @@ impl Default for Limits {
             max_outcomes_per_request: 1000,
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 64 * 1024,
+            max_metric_queues: crate::metrics::DEFAULT_MAX_QUEUES,
+            max_waiting_claims: 1000,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,
         }
@@ -183,6 +204,8 @@ mod tests {
         assert_eq!(parsed.max_outcomes_per_request, default.max_outcomes_per_request);
         assert_eq!(parsed.max_payload_bytes, default.max_payload_bytes);
         assert_eq!(parsed.max_result_bytes, default.max_result_bytes);
+        assert_eq!(parsed.max_metric_queues, default.max_metric_queues);
+        assert_eq!(parsed.max_waiting_claims, default.max_waiting_claims);
         assert_eq!(parsed.max_wait_seconds, default.max_wait_seconds);
         assert_eq!(parsed.wait_recheck_ms, default.wait_recheck_ms);
     }

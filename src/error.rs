@@ -61,6 +61,10 @@ pub enum ApiError {
     RetryConflict { child: Box<Child> },
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    #[error(
+        "{0} long-poll claims are already waiting here; retry after Retry-After seconds, or claim without wait_seconds"
+    )]
+    TooManyWaiting(usize),
     #[error("{0} did not finish within the request timeout")]
     TimedOut(String),
     /// The service is still reaching its database (or migrating it).
@@ -111,6 +115,7 @@ impl ApiError {
             | Self::ClaimMismatch(_)
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyWaiting(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Http { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -140,6 +145,7 @@ impl ApiError {
             Self::RetryConflict { .. } => "retry-conflict",
             Self::Unavailable(_) | Self::Starting => "database-unavailable",
             Self::TimedOut(_) => "request-timeout",
+            Self::TooManyWaiting(_) => "too-many-waiting-claims",
             Self::Http { .. } => "http-error",
             Self::Internal(_) => "internal",
         }
@@ -167,6 +173,7 @@ impl ApiError {
             Self::RetryConflict { .. } => "Child cannot be retried",
             Self::Unavailable(_) | Self::Starting => "Database unavailable",
             Self::TimedOut(_) => "Request timed out",
+            Self::TooManyWaiting(_) => "Too many waiting claims",
             Self::Http { status, .. } => status.canonical_reason().unwrap_or("Error"),
             Self::Internal(_) => "Internal error",
         }
@@ -249,7 +256,7 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if let Self::Unauthenticated(failure) = self {

@@ -11,6 +11,7 @@ pub mod error;
 pub mod jobs;
 pub mod ledger;
 pub mod metrics;
+pub mod server;
 mod state;
 pub mod store;
 
@@ -46,4 +47,39 @@ pub fn app_with_timeout(state: AppState, request_timeout: Duration) -> Router {
         .layer(trace)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(axum::middleware::map_request(drop_unfit_request_id))
+}
+
+/// A caller's request id is kept only when it is 1-64 characters of
+/// `A-Z a-z 0-9 . _ -`: anything else (a newline, quotes, a megabyte) would
+/// forge or flood log lines, so it is replaced by a fresh one.
+async fn drop_unfit_request_id<B>(mut request: Request<B>) -> Request<B> {
+    let fit = request
+        .headers()
+        .get(&REQUEST_ID)
+        .is_none_or(|id| request_id_is_fit(id.as_bytes()));
+    if !fit {
+        request.headers_mut().remove(&REQUEST_ID);
+    }
+    request
+}
+
+fn request_id_is_fit(id: &[u8]) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_plain_short_request_ids_are_kept() {
+        assert!(super::request_id_is_fit(b"abc-123_X.y"));
+        assert!(super::request_id_is_fit(&[b'a'; 64]));
+        assert!(!super::request_id_is_fit(&[b'a'; 65]));
+        assert!(!super::request_id_is_fit(b""));
+        assert!(!super::request_id_is_fit(b"a b"));
+        assert!(!super::request_id_is_fit(b"x\" level=error"));
+    }
 }

@@ -1,4 +1,3 @@
-use std::future::IntoFuture;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -9,6 +8,7 @@ use tracing_subscriber::EnvFilter;
 use child_ledger::access::{self, Access, Role};
 use child_ledger::api::until_ready;
 use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
+use child_ledger::server::ServeOptions;
 use child_ledger::store::{Store, StoreOptions, backend_of};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
 
@@ -86,6 +86,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("handling SIGHUP")?;
     let options = StoreOptions {
         max_connections: config.db_max_connections,
+        statement_timeout: Duration::from_secs(config.statement_timeout_seconds),
         ..StoreOptions::default()
     };
 
@@ -100,11 +101,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // On SIGTERM: stop accepting, let waiting claims answer at once, finish
     // what is in flight, and give up on stragglers after the grace period.
     let stopping = shutdown.clone();
-    let server = axum::serve(listener, until_ready(ready.clone(), backend)).with_graceful_shutdown(async move {
+    let bounds = ServeOptions {
+        header_read_timeout: Duration::from_secs(config.header_read_timeout_seconds),
+        max_connections: config.max_connections as usize,
+    };
+    let server = child_ledger::server::serve(listener, until_ready(ready.clone(), backend), bounds, async move {
         shutdown_signal().await;
         stopping.send_replace(true);
     });
-    let mut server = tokio::spawn(server.into_future());
+    let mut server = tokio::spawn(server);
 
     // A SIGTERM while the database is still being waited for is a clean exit too.
     let mut stop = shutdown.subscribe();

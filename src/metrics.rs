@@ -10,6 +10,12 @@ use std::time::Duration;
 
 use crate::store::PoolStats;
 
+/// How many queue label values are kept by default (`--max-metric-queues`).
+pub const DEFAULT_MAX_QUEUES: usize = 100;
+
+/// The queue label of every queue past the first `max_queues`.
+const OTHER_QUEUES: &str = "other";
+
 /// Upper bounds (seconds) of the request duration histogram's buckets.
 const BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -46,6 +52,9 @@ pub struct Metrics {
     /// seen, no allocation per request.
     routes: Mutex<BTreeMap<&'static str, BTreeMap<String, RouteStats>>>,
     claimed: Mutex<BTreeMap<String, u64>>,
+    /// Most queue label values kept; later queues are counted as `other`
+    /// (0: the default, `DEFAULT_MAX_QUEUES`).
+    max_queues: usize,
     outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     auth_failures: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -81,11 +90,33 @@ impl Metrics {
         stats.duration.observe(elapsed.as_secs_f64());
     }
 
-    /// Children handed out by a claim, by the queue of their parent.
-    pub fn claimed(&self, queue: &str, children: usize) {
-        if children > 0 {
-            *lock(&self.claimed).entry(queue.to_owned()).or_default() += children as u64;
+    /// Metrics whose queue label takes at most `max_queues` values besides `other`.
+    pub fn with_max_queues(max_queues: usize) -> Self {
+        Self {
+            max_queues: max_queues.max(1),
+            ..Self::default()
         }
+    }
+
+    /// Children handed out by a claim, by the queue of their parent. Queue
+    /// names come from callers: past the first `max_queues` seen, they are
+    /// counted under `other`, so the label set stays bounded.
+    pub fn claimed(&self, queue: &str, children: usize) {
+        if children == 0 {
+            return;
+        }
+        let max = if self.max_queues == 0 {
+            DEFAULT_MAX_QUEUES
+        } else {
+            self.max_queues
+        };
+        let mut claimed = lock(&self.claimed);
+        let label = if claimed.contains_key(queue) || claimed.len() < max {
+            queue
+        } else {
+            OTHER_QUEUES
+        };
+        *claimed.entry(label.to_owned()).or_default() += children as u64;
     }
 
     /// One outcome write and what became of it (`applied`, `duplicate`, ...).

@@ -19,18 +19,22 @@ pub struct AppState {
     /// or, through Postgres `NOTIFY`, on another replica).
     pub work_signal: Arc<tokio::sync::Notify>,
     pub metrics: Arc<Metrics>,
+    /// Long-poll claims waiting now in this process (`--max-waiting-claims`).
+    pub waiting_claims: Arc<std::sync::atomic::AtomicUsize>,
     /// Set once on SIGTERM: waiting claims answer at once instead of holding on.
     pub shutdown: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl AppState {
     pub fn new(store: Store, limits: Limits) -> Self {
+        let metrics = Arc::new(Metrics::with_max_queues(limits.max_metric_queues));
         Self {
             store,
             limits: Arc::new(limits),
             access: Arc::new(Access::open()),
             work_signal: Arc::new(tokio::sync::Notify::new()),
-            metrics: Arc::default(),
+            metrics,
+            waiting_claims: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }

@@ -119,6 +119,7 @@ fn tight_limits() -> Limits {
         max_result_bytes: 128,
         max_wait_seconds: 20,
         wait_recheck_ms: 2000,
+        ..Limits::default()
     }
 }
 

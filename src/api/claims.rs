@@ -1,6 +1,8 @@
 //! Claims: leased chunks of pending children, and the lease operations fenced
 //! by `claim_id`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -92,11 +94,33 @@ impl ClaimChildren {
     }
 }
 
+/// One long poll counted among the process's waiting claims while it waits.
+struct WaitingClaim(Arc<AtomicUsize>);
+
+impl WaitingClaim {
+    fn join(state: &AppState) -> ApiResult<Self> {
+        let max = state.limits.max_waiting_claims;
+        let counter = Arc::clone(&state.waiting_claims);
+        let joined = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1));
+        match joined {
+            Ok(_) => Ok(Self(counter)),
+            Err(_) => Err(ApiError::TooManyWaiting(max)),
+        }
+    }
+}
+
+impl Drop for WaitingClaim {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Claims now, or as soon as work turns up within `wait`.
 async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
     let (request, wait) = body.into_request(scope, &state.limits)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut shutdown = state.shutdown.subscribe();
+    let mut waiting = None;
     loop {
         // Subscribe before looking, so work added in between still wakes us.
         let woken = state.work_signal.notified();
@@ -109,6 +133,10 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
                 state.metrics.claimed(queue.as_str(), claimed.claim.children.len());
             }
             return Ok(Json(claimed.claim));
+        }
+        // A bounded crowd waits: past `--max-waiting-claims`, come back later.
+        if waiting.is_none() {
+            waiting = Some(WaitingClaim::join(&state)?);
         }
         // Work is announced in this process and, through Postgres `NOTIFY`, by
         // every replica; in case an announcement is missed (the listener

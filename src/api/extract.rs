@@ -27,10 +27,11 @@ where
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let body_limit = req.extensions().get::<super::guard::BodyLimit>().copied();
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::BodyTooLarge {
-                    limit: state.limits.max_body_bytes,
+                    limit: body_limit.map_or(state.limits.max_body_bytes, |l| l.0),
                 }
             } else {
                 ApiError::MalformedJson {
@@ -55,7 +56,7 @@ where
                 }
             }
         };
-        let value = parse_json(body)?;
+        let value = super::validate::with_child_limit(state.limits.max_children_per_request, || parse_json(body))?;
         // Serde also reads a struct from a JSON array of its members in order;
         // the contract's bodies are objects, so nothing else is accepted.
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {

@@ -114,10 +114,37 @@ pub async fn guard(
     match admit(&state, needed, &params, request.method(), request.headers()).await {
         Ok(grant) => {
             request.extensions_mut().insert(Caller(grant));
+            if !carries_bulk(request.method(), matched.as_str()) {
+                request = limit_body(request, SMALL_BODY_BYTES);
+            }
             next.run(request).await
         }
         Err(err) => err.into_response(),
     }
+}
+
+/// The body limit of every route but the bulk ones (`carries_bulk`).
+pub const SMALL_BODY_BYTES: usize = 1024 * 1024;
+
+/// The routes whose bodies may reach `--max-body-bytes`: registration, append
+/// and outcome batches. Every other body is small.
+fn carries_bulk(method: &Method, route: &str) -> bool {
+    matches!(
+        (method.as_str(), route),
+        ("PUT", "/v1/parents/{parent_id}") | ("POST", "/v1/parents/{parent_id}/children" | "/v1/outcomes")
+    )
+}
+
+/// The body limit a request was given, for the 413 to name.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+/// Stops reading a body past `limit` bytes: the extractor then answers 413
+/// without having buffered more.
+fn limit_body(request: Request, limit: usize) -> Request {
+    let (mut parts, body) = request.into_parts();
+    parts.extensions.insert(BodyLimit(limit));
+    Request::from_parts(parts, axum::body::Body::new(http_body_util::Limited::new(body, limit)))
 }
 
 async fn admit(

@@ -14,7 +14,9 @@ use utoipa_axum::routes;
 
 use super::extract::{AppJson, AppQuery, parent_id_param};
 use super::guard::Caller;
-use super::validate::{ChildChecker, child_count, in_range, json_bytes, max_bytes, null_payload, page_limit};
+use super::validate::{
+    ChildChecker, ChildList, child_count, in_range, json_bytes, max_bytes, null_payload, page_limit,
+};
 use super::whole;
 use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
@@ -47,7 +49,8 @@ pub struct RegisterParent {
     /// The children; `children[i]` gets `sequence = i`. At most 100,000 (configurable)
     /// per request: use append + seal beyond that.
     #[serde(default)]
-    children: Vec<ChildSpec>,
+    #[schema(value_type = Vec<ChildSpec>)]
+    children: ChildList<ChildSpec>,
     /// `true` (default): the list is complete, and rows and the decomposed mark are
     /// written in one transaction. `false`: the parent stays `decomposing` until sealed.
     decomposed: Option<bool>,
@@ -99,8 +102,8 @@ pub struct AppendChild {
 #[serde(deny_unknown_fields)]
 pub struct AppendChildren {
     /// At least one child; at most 100,000 (configurable) per request.
-    #[schema(min_items = 1)]
-    children: Vec<AppendChild>,
+    #[schema(min_items = 1, value_type = Vec<AppendChild>)]
+    children: ChildList<AppendChild>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -115,7 +118,7 @@ pub struct SealParent {
 impl RegisterParent {
     /// The checked registration of `parent_id`, with its fingerprint.
     fn into_registration(self, parent_id: ParentId, limits: &Limits) -> ApiResult<Registration> {
-        child_count("children", self.children.len(), limits.max_children_per_request)?;
+        child_count("children", self.children.0.len(), limits.max_children_per_request)?;
         if let Some(max) = self.max_attempts {
             in_range("max_attempts", max, 1, i32::MAX)?;
         }
@@ -127,6 +130,7 @@ impl RegisterParent {
         let mut checker = ChildChecker::new(limits.max_payload_bytes);
         let children = self
             .children
+            .0
             .into_iter()
             .enumerate()
             .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
@@ -328,14 +332,14 @@ async fn append_children(
     AppJson(body): AppJson<AppendChildren>,
 ) -> ApiResult<Json<Appended>> {
     let parent_id = parent_id_param(&parent_id)?;
-    child_count("children", body.children.len(), state.limits.max_children_per_request)?;
-    if body.children.is_empty() {
+    child_count("children", body.children.0.len(), state.limits.max_children_per_request)?;
+    if body.children.0.is_empty() {
         return Err(ApiError::invalid("children", "must hold at least one child"));
     }
     let mut checker = ChildChecker::new(state.limits.max_payload_bytes);
     let mut sequences = HashMap::new();
-    let mut children = Vec::with_capacity(body.children.len());
-    for (i, c) in body.children.into_iter().enumerate() {
+    let mut children = Vec::with_capacity(body.children.0.len());
+    for (i, c) in body.children.0.into_iter().enumerate() {
         let field = format!("children[{i}]");
         if c.sequence < 0 {
             return Err(ApiError::invalid(format!("{field}.sequence"), "must be non-negative"));

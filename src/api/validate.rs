@@ -102,6 +102,62 @@ pub fn null_payload() -> Box<RawValue> {
 }
 
 /// At most `max` children in one request.
+/// A request's list of children, read no further than one past the most a
+/// request may hold (`--max-children-per-request`), so a body that claims
+/// millions is refused after reading the allowed number, not after building
+/// them all. The bound is the reading thread's, set by `with_child_limit`
+/// around the (synchronous) parse.
+#[derive(Debug)]
+pub struct ChildList<T>(pub Vec<T>);
+
+thread_local! {
+    static CHILD_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Runs `parse` with children lists bounded to `max` items.
+pub fn with_child_limit<R>(max: usize, parse: impl FnOnce() -> R) -> R {
+    let before = CHILD_LIMIT.replace(max);
+    let parsed = parse();
+    CHILD_LIMIT.set(before);
+    parsed
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ChildList<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bounded<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Bounded<T> {
+            type Value = Vec<T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of children")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+                let max = CHILD_LIMIT.get();
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max).min(4096));
+                while let Some(item) = seq.next_element()? {
+                    if items.len() == max {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {max} children in one request (use append + seal beyond that)"
+                        )));
+                    }
+                    items.push(item);
+                }
+                Ok(items)
+            }
+        }
+        deserializer
+            .deserialize_seq(Bounded(std::marker::PhantomData))
+            .map(ChildList)
+    }
+}
+
+impl<T> Default for ChildList<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
 pub fn child_count(field: &str, count: usize, max: usize) -> ApiResult<()> {
     if count > max {
         return Err(ApiError::invalid(

@@ -140,8 +140,10 @@ pub struct Child {
     /// at registration and for writes from a claim older than the previous one.
     pub outcome_attempt: Option<i32>,
     pub terminal_at: Option<DateTime<Utc>>,
-    /// Outcome writes that lost to the first one.
+    /// The most recent outcome writes (20 at most) that lost to the first one.
     pub conflicts: Vec<Conflict>,
+    /// How many outcome writes lost to the first one, all of them.
+    pub conflict_count: i64,
 }
 
 /// A child handed out by a claim.

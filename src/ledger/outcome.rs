@@ -24,6 +24,10 @@ pub fn attempt_of(
     }
 }
 
+/// How many of a child's losing writes its conflict log keeps (the most
+/// recent); `conflict_count` counts them all.
+pub const CONFLICTS_KEPT: usize = 20;
+
 /// Outcome fencing: a write that names a claim counts only when that claim
 /// holds the child now or held it last (the late-win rule); any other claim
 /// id is refused and writes nothing. A write without a claim id passes (who

@@ -51,6 +51,10 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// How long a request waits for a connection before answering 503.
     pub acquire_timeout: Duration,
+    /// Longest any one statement may run (Postgres `statement_timeout`); a
+    /// transaction left idle is ended after twice that
+    /// (`idle_in_transaction_session_timeout`).
+    pub statement_timeout: Duration,
 }
 
 impl Default for StoreOptions {
@@ -59,6 +63,7 @@ impl Default for StoreOptions {
             max_connections: 16,
             // Under 5 s: with the database down, a request is answered 503 within 5 s.
             acquire_timeout: Duration::from_secs(3),
+            statement_timeout: Duration::from_secs(30),
         }
     }
 }

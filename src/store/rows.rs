@@ -114,6 +114,7 @@ pub(crate) fn child(row: &impl LedgerRow) -> Result<Child, sqlx::Error> {
         outcome_attempt: row.opt_int32("outcome_attempt")?,
         terminal_at: row.opt_time("terminal_at")?,
         conflicts,
+        conflict_count: row.int("conflict_count")?,
     })
 }
 

@@ -72,7 +72,7 @@ pub(crate) fn credited_attempt(claim: &str) -> String {
 /// A child row's columns as `Child` reads them.
 pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c.attempts, \
     c.claim_id, c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.reason, c.result, \
-    c.outcome_attempt, c.terminal_at, c.conflicts";
+    c.outcome_attempt, c.terminal_at, c.conflicts, c.conflict_count";
 
 /// One child, by its primary key.
 pub(crate) static CHILD_BY_KEY: LazyLock<String> =

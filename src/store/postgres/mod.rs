@@ -31,9 +31,17 @@ impl PgStore {
         // states, rows looked up by both key columns): a generic plan is as
         // good as a custom one, and planning the claim's CTEs per call cost
         // about 5% of a burn-down. Prepared once per connection, planned once.
-        let connect: PgConnectOptions = url
-            .parse::<PgConnectOptions>()?
-            .options([("plan_cache_mode", "force_generic_plan")]);
+        let connect: PgConnectOptions = url.parse::<PgConnectOptions>()?.options([
+            ("plan_cache_mode", "force_generic_plan".to_owned()),
+            (
+                "statement_timeout",
+                format!("{}ms", options.statement_timeout.as_millis()),
+            ),
+            (
+                "idle_in_transaction_session_timeout",
+                format!("{}ms", 2 * options.statement_timeout.as_millis()),
+            ),
+        ]);
         let pool = PgPoolOptions::new()
             // One more than requests may use: the work listener holds one
             // connection for the life of the process.

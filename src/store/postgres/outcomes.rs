@@ -74,10 +74,15 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
 /// Appends a losing write to its child's conflict log.
 static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE child c SET conflicts = coalesce(c.conflicts, '[]'::jsonb) || jsonb_build_array(jsonb_build_object( \
-             'outcome', $3::text, 'reason', $4::text, 'claim_id', $5::uuid, 'attempt', {}, 'at', now())) \
+        "UPDATE child c SET conflict_count = c.conflict_count + 1, conflicts = ( \
+             SELECT jsonb_agg(e ORDER BY i) FROM ( \
+                 SELECT e, i FROM jsonb_array_elements(coalesce(c.conflicts, '[]'::jsonb) || jsonb_build_array( \
+                     jsonb_build_object('outcome', $3::text, 'reason', $4::text, 'claim_id', $5::uuid, \
+                                        'attempt', {}, 'at', now()))) WITH ORDINALITY AS x(e, i) \
+                 ORDER BY i DESC LIMIT {keep}) kept) \
          WHERE c.parent_id = $1 AND c.sequence = $2",
-        sql::attempt_of("$5::uuid")
+        sql::attempt_of("$5::uuid"),
+        keep = crate::ledger::outcome::CONFLICTS_KEPT
     )
 });
 

@@ -47,11 +47,15 @@ static COMPLETE_PARENT: LazyLock<String> = LazyLock::new(|| {
 
 static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE child AS c SET conflicts = json_insert(coalesce(c.conflicts, '[]'), '$[#]', json_object( \
-             'outcome', ?3, 'reason', ?4, 'claim_id', ?5, 'attempt', {attempt}, 'at', {now})) \
+        "UPDATE child AS c SET conflict_count = c.conflict_count + 1, conflicts = ( \
+             SELECT json_group_array(json(value)) FROM (SELECT value FROM ( \
+                 SELECT value, key FROM json_each(json_insert(coalesce(c.conflicts, '[]'), '$[#]', json_object( \
+                     'outcome', ?3, 'reason', ?4, 'claim_id', ?5, 'attempt', {attempt}, 'at', {now}))) \
+                 ORDER BY key DESC LIMIT {keep}) ORDER BY key)) \
          WHERE c.parent_id = ?1 AND c.sequence = ?2",
         attempt = sql::attempt_of("?5"),
-        now = now!()
+        now = now!(),
+        keep = crate::ledger::outcome::CONFLICTS_KEPT
     )
 });
 

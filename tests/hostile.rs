@@ -1,0 +1,409 @@
+//! Bounds against hostile input, each proved on the real binary with a figure
+//! the test measures, prints and asserts: memory while refusing a huge
+//! registration, slow and idle sockets, a crowd of long polls, a conflict-log
+//! flood, forged request ids, unbounded metric labels and leaked secrets.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::process::ServiceProcess;
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Peak resident memory of a process so far (`VmHWM`), in MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb / 1024.0
+}
+
+/// `{"children":[{},{},…]}` of about `mib` MiB.
+fn flood_body(mib: usize) -> Vec<u8> {
+    let n = mib * 1024 * 1024 / 3;
+    let mut body = Vec::with_capacity(n * 3 + 32);
+    body.extend_from_slice(br#"{"queue":"q","children":["#);
+    for i in 0..n {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(b"{}");
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
+async fn put_flood(base: &str, parent: &str, body: Vec<u8>) -> (StatusCode, Value) {
+    let r = reqwest::Client::new()
+        .put(format!("{base}/v1/parents/{parent}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// 60 MB of empty children is refused after reading the allowed number, not
+/// after building twenty million: one such request, then four at once.
+async fn memory_is_bounded_by_the_request(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let service = ServiceProcess::start("hostile-memory", &db.url, &[]).await;
+    service.ready().await;
+    let baseline = peak_rss_mib(service.pid());
+
+    let (status, body) = put_flood(&service.base, "amp", flood_body(60)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["field"], "children");
+    let one = peak_rss_mib(service.pid());
+    println!("peak RSS refusing one 60 MB registration: {one:.0} MiB (at start {baseline:.0} MiB)");
+    assert!(one <= 300.0, "{one:.0} MiB");
+
+    let floods: Vec<_> = (0..4)
+        .map(|i| tokio::spawn(put_flood_owned(service.base.clone(), format!("amp{i}"))))
+        .collect();
+    // The service keeps answering meanwhile.
+    let started = Instant::now();
+    let mut health = Vec::new();
+    while !floods.iter().all(|f| f.is_finished()) {
+        let r = reqwest::Client::new()
+            .get(format!("{}/healthz", service.base))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        health.push(r.is_ok_and(|r| r.status().is_success()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(started.elapsed() < Duration::from_secs(120));
+    }
+    for flood in floods {
+        assert_eq!(flood.await.unwrap(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let four = peak_rss_mib(service.pid());
+    let answered = health.iter().filter(|ok| **ok).count();
+    println!(
+        "peak RSS refusing four at once: {four:.0} MiB; /healthz answered {answered} of {} times meanwhile",
+        health.len()
+    );
+    assert!(four <= 500.0, "{four:.0} MiB");
+    assert_eq!(answered, health.len(), "/healthz failed while refusing");
+    assert_eq!(
+        db.store().await.count_raw("SELECT count(*) FROM parent").await.unwrap(),
+        0
+    );
+}
+
+async fn put_flood_owned(base: String, parent: String) -> StatusCode {
+    put_flood(&base, &parent, flood_body(60)).await.0
+}
+
+/// Sockets that send half a request head, or nothing, are closed within the
+/// header-read timeout while the service answers everyone else.
+async fn slow_and_idle_sockets_are_closed(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let service = ServiceProcess::start("hostile-slow", &db.url, &["--header-read-timeout-seconds", "2"]).await;
+    service.ready().await;
+    let addr = format!("127.0.0.1:{}", service.port);
+    let mut sockets = Vec::new();
+    for i in 0..60 {
+        let mut socket = TcpStream::connect(&addr).unwrap();
+        if i % 2 == 0 {
+            // Half a head, as slowloris sends it.
+            socket
+                .write_all(b"GET /v1/parents HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .unwrap();
+        }
+        socket.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        sockets.push(socket);
+    }
+    let opened = Instant::now();
+    let watcher = std::thread::spawn(move || {
+        sockets
+            .into_iter()
+            .map(|mut socket| {
+                let mut buf = [0u8; 1024];
+                // Closed: EOF (0 bytes), or whatever the server last sent then EOF.
+                loop {
+                    match socket.read(&mut buf) {
+                        Ok(0) => return Some(opened.elapsed()),
+                        Ok(_) => continue,
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
+                            return None;
+                        }
+                        Err(_) => return Some(opened.elapsed()),
+                    }
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut served = 0;
+    while !watcher.is_finished() {
+        let r = reqwest::Client::new()
+            .get(format!("{}/v1/parents", service.base))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let closed = watcher.join().unwrap();
+    let closed_in: Vec<Duration> = closed.iter().flatten().copied().collect();
+    let latest = closed_in.iter().max().copied().unwrap_or_default();
+    println!(
+        "{} of {} slow or idle sockets closed, the last after {latest:?}; {served} requests served meanwhile",
+        closed_in.len(),
+        closed.len()
+    );
+    assert_eq!(closed_in.len(), closed.len(), "a socket stayed open");
+    assert!(
+        latest <= Duration::from_secs(4),
+        "closed after {latest:?} with a 2 s timeout"
+    );
+    assert!(served > 0);
+}
+
+/// Twice `--max-waiting-claims` long polls: the excess is answered 429 with
+/// Retry-After, and a registration and an outcome posted meanwhile are fast.
+async fn a_crowd_of_long_polls_is_bounded(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let service = ServiceProcess::start("hostile-crowd", &db.url, &["--max-waiting-claims", "50"]).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let put = client
+        .put(format!("{}/v1/parents/work", service.base))
+        .json(&json!({"queue": "busy", "children": children(1)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let claim = client
+        .post(format!("{}/v1/queues/busy/claims", service.base))
+        .json(&json!({"limit": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let crowd: Vec<_> = (0..100)
+        .map(|_| {
+            let (client, base) = (client.clone(), service.base.clone());
+            tokio::spawn(async move {
+                let r = client
+                    .post(format!("{base}/v1/queues/empty/claims"))
+                    .json(&json!({"limit": 1, "wait_seconds": 3}))
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status(), r.headers().contains_key("retry-after"))
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let put = client
+        .put(format!("{}/v1/parents/meanwhile", service.base))
+        .json(&json!({"queue": "other", "children": children(100)}))
+        .send()
+        .await
+        .unwrap();
+    let registered = started.elapsed();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let started = Instant::now();
+    let outcome = client
+        .post(format!("{}/v1/parents/work/children/0/outcome", service.base))
+        .json(&json!({"outcome": "processed", "claim_id": claim["claim_id"]}))
+        .send()
+        .await
+        .unwrap();
+    let recorded = started.elapsed();
+    assert_eq!(outcome.status(), StatusCode::OK);
+    let mut refused = 0;
+    let mut waited = 0;
+    for r in crowd {
+        let (status, retry_after) = r.await.unwrap();
+        match status {
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(retry_after, "429 without Retry-After");
+                refused += 1;
+            }
+            StatusCode::OK => waited += 1,
+            other => panic!("long poll answered {other}"),
+        }
+    }
+    println!(
+        "100 long polls against --max-waiting-claims 50: {waited} waited, {refused} got 429; \
+         a registration took {registered:?} and an outcome {recorded:?} meanwhile"
+    );
+    assert_eq!(waited, 50);
+    assert_eq!(refused, 50);
+    assert!(registered < Duration::from_secs(2) && recorded < Duration::from_secs(2));
+}
+
+/// A 1000-item batch naming one decided child 1000 times: its conflict log
+/// keeps the last 20, counts all, and the batch is answered promptly.
+async fn a_conflict_flood_is_bounded(backend: Backend) {
+    let app = spawn_app(backend).await;
+    assert_eq!(
+        app.put("/v1/parents/F", json!({"queue": "q", "children": children(1)}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let claim = app.post("/v1/parents/F/claims", json!({"limit": 1})).await.body;
+    let claim_id = claim["claim_id"].as_str().unwrap();
+    let r = app
+        .post(
+            "/v1/parents/F/children/0/outcome",
+            json!({"outcome": "processed", "claim_id": claim_id}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let items: Vec<Value> = (0..1000)
+        .map(|i| json!({"parent_id": "F", "sequence": 0, "outcome": "failed", "reason": format!("flood {i}"), "claim_id": claim_id}))
+        .collect();
+    let started = Instant::now();
+    let r = app.post("/v1/outcomes", json!({"outcomes": items})).await;
+    let took = started.elapsed();
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["status"] == "conflict")
+    );
+    let child = app.get("/v1/parents/F/children/0").await.body;
+    let kept = child["conflicts"].as_array().unwrap();
+    let bytes = app
+        .count("SELECT CAST(length(CAST(conflicts AS TEXT)) AS BIGINT) FROM child WHERE parent_id = 'F'")
+        .await;
+    println!(
+        "1000 conflicting writes in one batch: answered in {took:?}; the log keeps {} entries ({bytes} bytes), conflict_count {}",
+        kept.len(),
+        child["conflict_count"]
+    );
+    assert_eq!(kept.len(), 20);
+    assert_eq!(kept.last().unwrap()["reason"], "flood 999", "the most recent are kept");
+    assert_eq!(child["conflict_count"], 1000);
+    assert!(bytes < 8 * 1024);
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+/// A request id that could forge a log line is replaced; a plain one is kept.
+async fn forged_request_ids_are_replaced(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let send = |id: String| {
+        let client = app.client.clone();
+        let url = format!("{}/v1/parents", app.base);
+        async move {
+            let r = client.get(url).header("x-request-id", id).send().await.unwrap();
+            r.headers().get("x-request-id").unwrap().to_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(send("job-42.retry_1".to_owned()).await, "job-42.retry_1");
+    let mut replaced = 0;
+    for forged in [
+        "x\" level=error msg=\"forged".to_owned(),
+        "a".repeat(65),
+        "id with spaces".to_owned(),
+        "semi;colon".to_owned(),
+    ] {
+        let answered = send(forged.clone()).await;
+        assert_ne!(answered, forged);
+        assert!(uuid::Uuid::parse_str(&answered).is_ok(), "{answered}");
+        replaced += 1;
+    }
+    println!("{replaced} of 4 forged request ids replaced by fresh UUIDs");
+}
+
+/// 300 queues claimed from: the claimed-children metric keeps at most
+/// `--max-metric-queues` (100) queue labels, plus `other`.
+async fn metric_labels_are_bounded(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for q in 0..300 {
+        let r = app
+            .put(
+                &format!("/v1/parents/p{q}"),
+                json!({"queue": format!("q{q}"), "children": children(1)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        let r = app.post(&format!("/v1/queues/q{q}/claims"), json!({"limit": 1})).await;
+        assert_eq!(r.body["children"].as_array().unwrap().len(), 1);
+    }
+    let metrics = app.get("/metrics").await.body;
+    let labels: Vec<&str> = metrics
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("child_ledger_children_claimed_total{"))
+        .collect();
+    let other: u64 = labels
+        .iter()
+        .find(|l| l.contains("queue=\"other\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    println!(
+        "300 queues claimed from: {} queue label values, `other` counts {other}",
+        labels.len()
+    );
+    assert!(labels.len() <= 101, "{}", labels.len());
+    assert_eq!(other, 200);
+}
+
+/// The database password appears neither in `--help` nor in the logs of a
+/// service that cannot reach its database.
+async fn secrets_stay_out_of_logs_and_help(_backend: Backend) {
+    let secret = "s3cr3t-Pa55word";
+    let url = format!("postgres://ledger:{secret}@127.0.0.1:1/ledger");
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+        .arg("--help")
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    assert!(help.contains("--database-url") && !help.contains(secret), "{help}");
+    let service = ServiceProcess::start_with_env("hostile-secret", &url, &[], &[("RUST_LOG", "debug")]).await;
+    let started = Instant::now();
+    while !service.log_text().contains("database not reachable") {
+        assert!(started.elapsed() < Duration::from_secs(10), "{}", service.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = service.log_text();
+    println!(
+        "--help ({} bytes) and {} log lines checked: no password",
+        help.len(),
+        log.lines().count()
+    );
+    assert!(!log.contains(secret), "{log}");
+}
+
+both_stores!(
+    memory_is_bounded_by_the_request,
+    slow_and_idle_sockets_are_closed,
+    a_crowd_of_long_polls_is_bounded,
+    a_conflict_flood_is_bounded,
+    forged_request_ids_are_replaced,
+    metric_labels_are_bounded,
+);
+
+mod secrets {
+    #[tokio::test]
+    async fn stay_out_of_logs_and_help() {
+        super::secrets_stay_out_of_logs_and_help(super::common::Backend::Postgres).await
+    }
+}
