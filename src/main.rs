@@ -9,7 +9,7 @@ use child_ledger::access::{self, Access, Role};
 use child_ledger::api::until_ready;
 use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
 use child_ledger::server::ServeOptions;
-use child_ledger::store::{Store, StoreOptions, backend_of};
+use child_ledger::store::{Store, StoreOptions, backend_of, permanent_connect_error};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
 
 #[tokio::main]
@@ -114,7 +114,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // A SIGTERM while the database is still being waited for is a clean exit too.
     let mut stop = shutdown.subscribe();
     let store = tokio::select! {
-        store = connect_with_backoff(&config.database_url, &options) => store,
+        store = connect_with_backoff(&config.database_url, &options) => store?,
         _ = stop.wait_for(|stopping| *stopping) => return Ok(server.await??),
     };
     store.migrate().await.context("applying migrations")?;
@@ -147,13 +147,17 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects, retrying with backoff while the database is not up yet.
-async fn connect_with_backoff(url: &str, options: &StoreOptions) -> Store {
+/// Connects, retrying with backoff while the database is not up yet; an
+/// error no retry can fix ends the process with what to change.
+async fn connect_with_backoff(url: &str, options: &StoreOptions) -> anyhow::Result<Store> {
     let mut delay = Duration::from_millis(250);
     loop {
         match Store::connect_with(url, options).await {
-            Ok(store) => return store,
+            Ok(store) => return Ok(store),
             Err(err) => {
+                if let Some(what_to_change) = permanent_connect_error(&err) {
+                    anyhow::bail!("cannot use the database: {what_to_change}");
+                }
                 tracing::warn!(
                     error = format!("{err:#}"),
                     retry_in_ms = delay.as_millis() as u64,

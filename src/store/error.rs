@@ -42,6 +42,40 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// A failure to connect that no retry can fix, with what the operator should
+/// change: the server refusing the user or its password, a database that
+/// does not exist, TLS the server does not speak or a certificate that does
+/// not verify, an option in the URL it cannot use, a startup parameter a
+/// connection pooler in front refuses. `None`: retrying may help (the server
+/// is not up yet, the network is down).
+pub fn permanent_connect_error(err: &anyhow::Error) -> Option<String> {
+    let cause = err.chain().find_map(|e| e.downcast_ref::<sqlx::Error>())?;
+    match cause {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("28P01" | "28000") => Some(format!(
+                "the database refused the connection ({}): fix the user or password in DATABASE_URL, or the server's pg_hba.conf",
+                db.message()
+            )),
+            Some("3D000") => Some(format!(
+                "{}: create it first (createdb), or fix the database name in DATABASE_URL",
+                db.message()
+            )),
+            _ if db.message().contains("unsupported startup parameter") => Some(format!(
+                "{}: a connection pooler in front of Postgres refused a startup parameter; with PgBouncer, set \
+                 `ignore_startup_parameters = extra_float_digits`",
+                db.message()
+            )),
+            _ => None,
+        },
+        sqlx::Error::Tls(tls) => Some(format!(
+            "TLS to the database failed ({tls}): check `sslmode` (and `sslrootcert` for verify-ca/verify-full) in \
+             DATABASE_URL, and that the server has ssl = on"
+        )),
+        sqlx::Error::Configuration(config) => Some(format!("DATABASE_URL cannot be used: {config}")),
+        _ => None,
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         if is_unavailable(&err) {

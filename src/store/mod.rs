@@ -32,7 +32,7 @@ pub use claims::Claimed;
 #[cfg(test)]
 pub(crate) use error::lost_database_errors;
 pub(crate) use error::retry_transient;
-pub use error::{StoreError, StoreResult};
+pub use error::{StoreError, StoreResult, permanent_connect_error};
 use postgres::PgStore;
 /// The Postgres claim statements, exactly as claims run them, for an operator
 /// (or a test) to `EXPLAIN`. The lane claim binds `$1` parent id, `$2` limit,
@@ -203,7 +203,7 @@ impl Store {
         let db = match backend_of(url) {
             Some("postgres") => Db::Postgres(PgStore::connect(url, options).await.context("connecting to Postgres")?),
             Some(_) => Db::Sqlite(SqliteStore::connect(url, options).await.context("opening SQLite")?),
-            None => anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://…"),
+            None => anyhow::bail!("unsupported database URL scheme: use postgres://… or sqlite://…"),
         };
         Ok(Self {
             db,

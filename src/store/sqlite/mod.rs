@@ -40,6 +40,8 @@ pub(crate) struct SqliteStore {
     /// the pool instead of in SQLite's lock means no "database is locked".
     writer: SqlitePool,
     readers: SqlitePool,
+    /// Beside the database file: held while migrating (none in memory).
+    migration_lock: Option<std::path::PathBuf>,
 }
 
 impl SqliteStore {
@@ -54,6 +56,9 @@ impl SqliteStore {
             // queues here, so a lock is waited out, never answered as an error.
             .busy_timeout(WRITER_WAIT)
             .foreign_keys(true);
+        let file = connect.get_filename();
+        let migration_lock = (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
+            .then(|| std::path::PathBuf::from(format!("{}-migrate.lock", file.display())));
         // Writers queue here behind the one connection; a 100,000-child
         // registration holds it for seconds, which is no outage.
         let writer = SqlitePoolOptions::new()
@@ -66,14 +71,40 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await?;
-        Ok(Self { writer, readers })
+        Ok(Self {
+            writer,
+            readers,
+            migration_lock,
+        })
     }
 
     pub(super) async fn begin(&self) -> StoreResult<SqliteTx> {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// Applies the migrations. Two processes starting on one new file would
+    /// both find them unapplied and the second would fail on the first's
+    /// tables: an exclusive lock on a file beside the database makes one wait
+    /// for the other, which then finds everything applied.
     pub async fn migrate(&self) -> anyhow::Result<()> {
+        let _held = match &self.migration_lock {
+            Some(path) => {
+                let path = path.clone();
+                Some(
+                    tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+                        let file = std::fs::OpenOptions::new()
+                            .create(true)
+                            .truncate(false)
+                            .write(true)
+                            .open(&path)?;
+                        file.lock()?;
+                        Ok(file)
+                    })
+                    .await??,
+                )
+            }
+            None => None,
+        };
         sqlx::migrate!("./migrations/sqlite").run(&self.writer).await?;
         Ok(())
     }

@@ -1,0 +1,135 @@
+//! The database URL as operators get it wrong or right: TLS to Postgres
+//! (`sslmode=require`) works, and an error no retry can fix (an unknown
+//! database, user, or TLS the server does not speak) ends the process at once
+//! saying what to change, instead of retrying forever as "not reachable".
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::process::{ServiceProcess, free_port};
+use common::*;
+
+/// Runs the service on `url`; its exit output, or `None` if still running after 20 s.
+async fn exits_with(url: &str) -> Option<(bool, String)> {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+        .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--database-url", url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .ok()?
+        .unwrap();
+    println!("exited after {:?}", started.elapsed());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success(), text))
+}
+
+fn with_query(url: &str, query: &str) -> String {
+    format!("{url}{}{query}", if url.contains('?') { '&' } else { '?' })
+}
+
+#[tokio::test]
+async fn permanent_database_errors_end_the_process() {
+    if !postgres_available().await {
+        return;
+    }
+    let db = TestDatabase::new(Backend::Postgres).await;
+    let root = db.url.rsplit_once('/').unwrap().0.to_owned();
+    let unknown_database = format!("{root}/no_such_ledger_database");
+    let (ok, text) = exits_with(&unknown_database)
+        .await
+        .expect("an unknown database ends the process");
+    assert!(
+        !ok && text.contains("does not exist") && text.contains("createdb"),
+        "{text}"
+    );
+
+    let unknown_user = db.url.replacen("postgres@", "no_such_ledger_user@", 1);
+    assert_ne!(unknown_user, db.url);
+    let (ok, text) = exits_with(&unknown_user)
+        .await
+        .expect("an unknown user ends the process");
+    assert!(!ok && text.contains("refused the connection"), "{text}");
+}
+
+/// With the server's TLS on, `sslmode=require` connects over TLS; with it
+/// off, the same URL ends the process at once naming TLS.
+#[tokio::test]
+async fn postgres_over_tls() {
+    if !postgres_available().await {
+        return;
+    }
+    let db = TestDatabase::new(Backend::Postgres).await;
+    let raw = db.store().await;
+    let url = with_query(&db.url, "sslmode=require");
+    let server_tls = raw
+        .count_raw("SELECT CAST(CASE WHEN current_setting('ssl') = 'on' THEN 1 ELSE 0 END AS BIGINT)")
+        .await
+        .unwrap()
+        == 1;
+    if !server_tls {
+        eprintln!("this Postgres has ssl = off: checking that sslmode=require is refused at once");
+        let (ok, text) = exits_with(&url).await.expect("TLS refused ends the process");
+        assert!(!ok && text.contains("TLS"), "{text}");
+        return;
+    }
+    let service = ServiceProcess::start("tls", &url, &[]).await;
+    service.ready().await;
+    let name = db.url.rsplit('/').next().unwrap().to_owned();
+    let (tls, plain) = (
+        raw.count_raw(&format!(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.datname = '{name}' AND s.ssl"
+        ))
+        .await
+        .unwrap(),
+        raw.count_raw(&format!(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.datname = '{name}' AND NOT s.ssl AND a.application_name <> 'psql' AND a.backend_type = 'client backend' \
+               AND a.pid <> pg_backend_pid()"
+        ))
+        .await
+        .unwrap(),
+    );
+    println!("service connections over TLS: {tls}; without: {plain} (the test's own)");
+    assert!(tls >= 1, "the service's connections are not TLS");
+}
+
+/// Processes starting together on one new SQLite file all become ready: the
+/// migrations are applied once, the others wait and find them applied.
+#[tokio::test]
+async fn processes_starting_on_one_new_sqlite_file_all_start() {
+    for round in 0..5 {
+        let db = TestDatabase::new(Backend::Sqlite).await;
+        let services = [
+            ServiceProcess::start("sqlite-a", &db.url, &[]).await,
+            ServiceProcess::start("sqlite-b", &db.url, &[]).await,
+            ServiceProcess::start("sqlite-c", &db.url, &[]).await,
+        ];
+        for service in &services {
+            service.ready().await;
+        }
+        let migrations = db
+            .store()
+            .await
+            .count_raw("SELECT count(*) FROM _sqlx_migrations")
+            .await
+            .unwrap();
+        println!("round {round}: 3 processes ready on one new file, {migrations} migrations applied once each");
+        assert_eq!(
+            migrations,
+            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/sqlite"))
+                .unwrap()
+                .count() as i64
+        );
+    }
+}
