@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, parent_id_param, sequence_param};
 use super::guard::Caller;
-use super::validate::{MAX_REASON_CHARS, json_bytes, max_bytes, max_chars};
+use super::validate::{MAX_REASON_CHARS, max_chars, raw_json_within};
 use super::whole;
 use crate::access::Role;
 use crate::config::Limits;
@@ -38,7 +38,8 @@ pub struct RecordOutcome {
     /// Expected for `failed` and `skipped`; at most 1000 characters.
     reason: Option<String>,
     /// Any JSON the worker wants kept with the outcome (e.g. a remote id).
-    result: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    result: Option<Box<RawValue>>,
     /// The claim under which the work was done.
     claim_id: Option<Uuid>,
 }
@@ -60,7 +61,7 @@ fn checked(limits: &Limits, field: &str, write: OutcomeWrite) -> ApiResult<Outco
         max_chars(&format!("{field}reason"), reason, MAX_REASON_CHARS)?;
     }
     if let Some(result) = &write.result {
-        max_bytes(&format!("{field}result"), json_bytes(result), limits.max_result_bytes)?;
+        raw_json_within(&format!("{field}result"), result, limits.max_result_bytes)?;
     }
     Ok(write)
 }
@@ -141,7 +142,8 @@ pub struct BatchOutcome {
     sequence: i64,
     outcome: Outcome,
     reason: Option<String>,
-    result: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    result: Option<Box<RawValue>>,
     claim_id: Option<Uuid>,
 }
 

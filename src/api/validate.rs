@@ -74,15 +74,8 @@ impl ChildChecker {
         }
         let payload = match payload {
             Some(payload) => {
-                let field = format!("{field}.payload");
-                // Measured compact, as the parent payload is; minifying is only
-                // needed when the text as sent is over the limit.
-                let mut len = payload.get().len();
-                if len > self.max_payload_bytes {
-                    len = minify_json(payload.get()).len();
-                }
-                max_bytes(&field, len, self.max_payload_bytes)?;
-                storable_json(&field, payload.get())?;
+                // Measured compact, as the parent payload is.
+                raw_json_within(&format!("{field}.payload"), &payload, self.max_payload_bytes)?;
                 payload
             }
             None => null_payload(),
@@ -94,6 +87,17 @@ impl ChildChecker {
             skip,
         })
     }
+}
+
+/// Checks raw JSON against a byte limit, measured compact (minified only
+/// when the text as sent is over it), and that every store can keep it.
+pub fn raw_json_within(field: &str, raw: &RawValue, max: usize) -> ApiResult<()> {
+    let mut len = raw.get().len();
+    if len > max {
+        len = minify_json(raw.get()).len();
+    }
+    max_bytes(field, len, max)?;
+    storable_json(field, raw.get())
 }
 
 /// The payload of a child that was sent without one.

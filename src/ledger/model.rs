@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -118,7 +119,9 @@ pub struct Child {
     pub sequence: i64,
     pub key: Option<String>,
     pub state: ChildState,
-    pub payload: Value,
+    /// The work item, as the JSON text it was registered with.
+    #[schema(value_type = Value)]
+    pub payload: Box<RawValue>,
     /// How many times the child has been claimed.
     pub attempts: i32,
     /// `"{parent_id}/{sequence}"`: pass it to remote APIs so a repeated attempt is recognised.
@@ -133,7 +136,8 @@ pub struct Child {
     pub available_at: Option<DateTime<Utc>>,
     pub outcome: Option<Outcome>,
     pub reason: Option<String>,
-    pub result: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    pub result: Option<Box<RawValue>>,
     /// The attempt whose write won. Below `attempts` when the previous holder
     /// (its lease expired, or it released the child) won after the child was
     /// handed out again: its work may have happened. `null` for children skipped
@@ -152,7 +156,8 @@ pub struct ClaimedChild {
     pub parent_id: ParentId,
     pub sequence: i64,
     pub key: Option<String>,
-    pub payload: Value,
+    #[schema(value_type = Value)]
+    pub payload: Box<RawValue>,
     /// 1 on the first claim, +1 for each later claim.
     pub attempt: i32,
     pub idempotency_key: String,
@@ -224,7 +229,8 @@ pub struct OutcomeWrite {
     pub sequence: i64,
     pub outcome: Outcome,
     pub reason: Option<String>,
-    pub result: Option<Value>,
+    /// Kept as the JSON text the worker sent, from the request to the row.
+    pub result: Option<Box<RawValue>>,
     pub claim_id: Option<Uuid>,
 }
 

@@ -23,6 +23,8 @@ pub(crate) trait LedgerRow {
     fn time(&self, column: &str) -> Result<DateTime<Utc>, sqlx::Error>;
     fn opt_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
     fn json(&self, column: &str) -> Result<Option<Value>, sqlx::Error>;
+    /// A JSON column as its text, not parsed into a tree.
+    fn raw_json(&self, column: &str) -> Result<Option<Box<serde_json::value::RawValue>>, sqlx::Error>;
     fn uuid(&self, column: &str) -> Result<Option<Uuid>, sqlx::Error>;
 }
 
@@ -82,6 +84,11 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
     Ok(parent.into_parent(open, include_payload))
 }
 
+/// JSON `null`, for a payload column that holds none.
+fn null_json() -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string("null".to_owned()).expect("null is JSON")
+}
+
 /// A child row (`sql::CHILD_COLUMNS`).
 pub(crate) fn child(row: &impl LedgerRow) -> Result<Child, sqlx::Error> {
     let parent_id = row.text("parent_id")?;
@@ -97,7 +104,7 @@ pub(crate) fn child(row: &impl LedgerRow) -> Result<Child, sqlx::Error> {
         sequence,
         key: row.opt_text("key")?,
         state,
-        payload: row.json("payload")?.unwrap_or(Value::Null),
+        payload: row.raw_json("payload")?.unwrap_or_else(null_json),
         attempts: row.int32("attempts")?,
         claim_id: row.uuid("claim_id")?,
         claimed_by: row.opt_text("claimed_by")?,
@@ -110,7 +117,7 @@ pub(crate) fn child(row: &impl LedgerRow) -> Result<Child, sqlx::Error> {
         available_at: row.opt_time("available_at")?,
         outcome: Outcome::from_state(state),
         reason: row.opt_text("reason")?,
-        result: row.json("result")?,
+        result: row.raw_json("result")?,
         outcome_attempt: row.opt_int32("outcome_attempt")?,
         terminal_at: row.opt_time("terminal_at")?,
         conflicts,
@@ -127,7 +134,7 @@ pub(crate) fn claimed_child(row: &impl LedgerRow) -> Result<(ClaimedChild, DateT
         parent_id: ParentId::from_ledger(parent_id),
         sequence,
         key: row.opt_text("key")?,
-        payload: row.json("payload")?.unwrap_or(Value::Null),
+        payload: row.raw_json("payload")?.unwrap_or_else(null_json),
         attempt: row.int32("attempts")?,
         previous_attempt: row
             .opt_text("previous_attempt")?

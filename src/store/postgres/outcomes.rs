@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use serde_json::Value;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
@@ -137,7 +136,7 @@ async fn apply_in_parent<'e>(
     let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
     let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
     let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
-    let results: Vec<Option<String>> = writes.iter().map(|w| w.result.as_ref().map(Value::to_string)).collect();
+    let results: Vec<Option<&str>> = writes.iter().map(|w| w.result.as_deref().map(|r| r.get())).collect();
     let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
     Ok(sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
         .bind(&parents)

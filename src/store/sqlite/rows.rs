@@ -17,6 +17,12 @@ impl LedgerRow for SqliteRow {
             .transpose()
     }
 
+    fn raw_json(&self, column: &str) -> Result<Option<Box<serde_json::value::RawValue>>, sqlx::Error> {
+        let text: Option<String> = self.try_get(column)?;
+        text.map(|t| serde_json::value::RawValue::from_string(t).map_err(|e| sqlx::Error::Decode(e.into())))
+            .transpose()
+    }
+
     fn uuid(&self, column: &str) -> Result<Option<Uuid>, sqlx::Error> {
         let text: Option<String> = self.try_get(column)?;
         text.map(|t| Uuid::parse_str(&t).map_err(|e| sqlx::Error::Decode(e.into())))
