@@ -158,6 +158,10 @@ pub struct Limits {
     /// Most queue label values in the metrics; later queues count as `other`.
     #[arg(long, env = "LEDGER_MAX_METRIC_QUEUES", default_value_t = crate::metrics::DEFAULT_MAX_QUEUES, global = true)]
     pub max_metric_queues: usize,
+    /// Most registrations, appends and outcome batches over 1 MiB read and
+    /// handled at once; more wait their turn (within the request timeout).
+    #[arg(long, env = "LEDGER_MAX_BULK_BODIES", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    pub max_bulk_bodies: u64,
     /// Most long-poll claims waiting at once in this process; beyond, 429 with Retry-After.
     #[arg(long, env = "LEDGER_MAX_WAITING_CLAIMS", default_value_t = 1000, global = true)]
     pub max_waiting_claims: usize,
@@ -179,6 +183,7 @@ impl Default for Limits {
             max_result_bytes: 64 * 1024,
             max_metric_queues: crate::metrics::DEFAULT_MAX_QUEUES,
             max_waiting_claims: 1000,
+            max_bulk_bodies: 4,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,
         }
@@ -206,6 +211,7 @@ mod tests {
         assert_eq!(parsed.max_result_bytes, default.max_result_bytes);
         assert_eq!(parsed.max_metric_queues, default.max_metric_queues);
         assert_eq!(parsed.max_waiting_claims, default.max_waiting_claims);
+        assert_eq!(parsed.max_bulk_bodies, default.max_bulk_bodies);
         assert_eq!(parsed.max_wait_seconds, default.max_wait_seconds);
         assert_eq!(parsed.wait_recheck_ms, default.wait_recheck_ms);
     }

@@ -19,6 +19,9 @@ pub struct AppState {
     /// or, through Postgres `NOTIFY`, on another replica).
     pub work_signal: Arc<tokio::sync::Notify>,
     pub metrics: Arc<Metrics>,
+    /// Turns for bulk bodies over 1 MiB being read and handled at once
+    /// (`--max-bulk-bodies`).
+    pub bulk_bodies: Arc<tokio::sync::Semaphore>,
     /// Long-poll claims waiting now in this process (`--max-waiting-claims`).
     pub waiting_claims: Arc<std::sync::atomic::AtomicUsize>,
     /// Set once on SIGTERM: waiting claims answer at once instead of holding on.
@@ -28,6 +31,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(store: Store, limits: Limits) -> Self {
         let metrics = Arc::new(Metrics::with_max_queues(limits.max_metric_queues));
+        let bulk_bodies = Arc::new(tokio::sync::Semaphore::new(limits.max_bulk_bodies.max(1) as usize));
         Self {
             store,
             limits: Arc::new(limits),
@@ -35,6 +39,7 @@ impl AppState {
             work_signal: Arc::new(tokio::sync::Notify::new()),
             metrics,
             waiting_claims: Arc::default(),
+            bulk_bodies,
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }

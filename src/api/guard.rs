@@ -116,7 +116,21 @@ pub async fn guard(
             request.extensions_mut().insert(Caller(grant));
             if !carries_bulk(request.method(), matched.as_str()) {
                 request = limit_body(request, SMALL_BODY_BYTES);
+                return next.run(request).await;
             }
+            // A bulk body over the small limit (or of unknown length) waits
+            // for one of `--max-bulk-bodies` turns before it is read, so the
+            // bodies buffered at once stay bounded.
+            let small = request
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+                .is_some_and(|len| len <= SMALL_BODY_BYTES);
+            let _turn = if small {
+                None
+            } else {
+                Arc::clone(&state.bulk_bodies).acquire_owned().await.ok()
+            };
             next.run(request).await
         }
         Err(err) => err.into_response(),

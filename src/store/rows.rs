@@ -64,7 +64,9 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
     let parent = ParentRow {
         parent_id: ParentId::from_ledger(row.text("parent_id")?),
         queue: QueueName::from_ledger(row.text("queue")?),
-        payload: row.json("payload")?,
+        // Decoded only when asked for: a page of parents must not build every
+        // retained payload to drop it.
+        payload: if include_payload { row.json("payload")? } else { None },
         max_attempts: row.opt_int32("max_attempts")?,
         expired_lease: parse_column(&row.text("expired_lease")?)?,
         priority: row.int32("priority")?,
