@@ -256,6 +256,38 @@ mod tests {
         )
     }
 
+    /// Queue scopes and queue names, and whether each scope reaches each name by the Rust rule.
+    fn scopes() -> Vec<(Option<String>, Vec<bool>)> {
+        let scopes = [
+            vec!["*"],
+            vec!["events"],
+            vec!["team-a.*", "billing"],
+            vec!["a*", "a.b"],
+        ];
+        scopes
+            .iter()
+            .map(|entries| {
+                let entries: Vec<String> = entries.iter().map(|e| (*e).to_owned()).collect();
+                let scope = crate::access::QueueScope::parse(&entries).unwrap();
+                (scope.as_json(), QUEUES.iter().map(|q| scope.allows(q)).collect())
+            })
+            .collect()
+    }
+
+    const QUEUES: [&str; 7] = ["events", "events2", "team-a.x", "team-a", "billing", "a.b", "b"];
+
+    fn within_sql(fragment: &str) -> String {
+        let values: Vec<String> = QUEUES
+            .iter()
+            .enumerate()
+            .map(|(i, q)| format!("({i}, '{q}')"))
+            .collect();
+        format!(
+            "WITH p(n, queue) AS (VALUES {}) SELECT {fragment} FROM p ORDER BY p.n",
+            values.join(", ")
+        )
+    }
+
     fn uuid_sql(id: Option<Uuid>, cast: &str) -> String {
         id.map_or_else(|| format!("NULL{cast}"), |id| format!("'{id}'{cast}"))
     }
@@ -293,6 +325,15 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!(got, expected_attempts());
+
+        for (scope, expected) in scopes() {
+            let got: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(within_sql(&within_sqlite("$1"))))
+                .bind(&scope)
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(got, expected, "{scope:?}");
+        }
     }
 
     #[tokio::test]
@@ -338,5 +379,14 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!(got, expected_attempts());
+
+        for (scope, expected) in scopes() {
+            let got: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(within_sql(&within_postgres("$1"))))
+                .bind(&scope)
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(got, expected, "{scope:?}");
+        }
     }
 }
