@@ -14,9 +14,7 @@ use utoipa_axum::routes;
 
 use super::extract::{AppJson, AppQuery, parent_id_param};
 use super::guard::Caller;
-use super::validate::{
-    ChildChecker, ChildList, child_count, in_range, json_bytes, max_bytes, null_payload, page_limit,
-};
+use super::validate::{ChildChecker, ChildList, child_count, in_range, null_payload, page_limit, raw_json_within};
 use super::whole;
 use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
@@ -45,7 +43,8 @@ pub struct RegisterParent {
     #[schema(example = "events")]
     queue: Option<QueueName>,
     /// Retained parent payload (e.g. the remote response a legacy parent still needs decomposed).
-    payload: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    payload: Option<Box<RawValue>>,
     /// The children; `children[i]` gets `sequence = i`. At most 100,000 (configurable)
     /// per request: use append + seal beyond that.
     #[serde(default)]
@@ -124,9 +123,14 @@ impl RegisterParent {
         }
         let priority = self.priority.unwrap_or(0);
         in_range("priority", priority, -100, 100)?;
-        if let Some(payload) = &self.payload {
-            max_bytes("payload", json_bytes(payload), limits.max_payload_bytes)?;
-        }
+        // Kept as the text sent; parsed once, only to fingerprint it as before.
+        let parsed_payload: Option<Value> = match &self.payload {
+            Some(payload) => {
+                raw_json_within("payload", payload, limits.max_payload_bytes)?;
+                Some(serde_json::from_str(payload.get()).map_err(|e| ApiError::invalid("payload", e.to_string()))?)
+            }
+            None => None,
+        };
         let mut checker = ChildChecker::new(limits.max_payload_bytes);
         let children = self
             .children
@@ -140,7 +144,7 @@ impl RegisterParent {
         let expired_lease = self.expired_lease.unwrap_or_default();
         let fingerprint = fingerprint(&RegistrationContent {
             queue: queue.as_str(),
-            payload: self.payload.as_ref(),
+            payload: parsed_payload.as_ref(),
             decomposed,
             max_attempts: self.max_attempts,
             expired_lease,

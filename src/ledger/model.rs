@@ -2,7 +2,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -51,7 +50,8 @@ pub struct Parent {
     pub completed_at: Option<DateTime<Utc>>,
     /// The retained parent payload; only with `?include=payload`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload: Option<Value>,
+    #[schema(value_type = Option<Value>)]
+    pub payload: Option<Box<RawValue>>,
 }
 
 /// A parent row as stored, before the open counts are added.
@@ -59,7 +59,7 @@ pub struct Parent {
 pub struct ParentRow {
     pub parent_id: ParentId,
     pub queue: QueueName,
-    pub payload: Option<Value>,
+    pub payload: Option<Box<RawValue>>,
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
     pub priority: i32,
@@ -196,7 +196,8 @@ impl NewChild {
 pub struct Registration {
     pub parent_id: ParentId,
     pub queue: QueueName,
-    pub payload: Option<Value>,
+    /// As sent: JSON text, stored as it came.
+    pub payload: Option<Box<RawValue>>,
     pub decomposed: bool,
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,

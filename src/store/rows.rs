@@ -66,7 +66,11 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
         queue: QueueName::from_ledger(row.text("queue")?),
         // Decoded only when asked for: a page of parents must not build every
         // retained payload to drop it.
-        payload: if include_payload { row.json("payload")? } else { None },
+        payload: if include_payload {
+            row.raw_json("payload")?
+        } else {
+            None
+        },
         max_attempts: row.opt_int32("max_attempts")?,
         expired_lease: parse_column(&row.text("expired_lease")?)?,
         priority: row.int32("priority")?,

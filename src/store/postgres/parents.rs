@@ -84,7 +84,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut PgTx, reg: &Registration) -
     Ok(sqlx::query_scalar(AssertSqlSafe(REGISTER.as_str()))
         .bind(reg.parent_id.as_str())
         .bind(reg.queue.as_str())
-        .bind(reg.payload.as_ref().map(sqlx::types::Json))
+        .bind(reg.payload.as_deref().map(sqlx::types::Json))
         .bind(reg.max_attempts)
         .bind(reg.expired_lease.as_str())
         .bind(&reg.fingerprint)

@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sqlx::AssertSqlSafe;
 
 use super::{SqliteStore, SqliteTx, now, rows};
@@ -75,7 +75,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut SqliteTx, reg: &Registratio
     Ok(sqlx::query_scalar(AssertSqlSafe(REGISTER.as_str()))
         .bind(reg.parent_id.as_str())
         .bind(reg.queue.as_str())
-        .bind(reg.payload.as_ref().map(Value::to_string))
+        .bind(reg.payload.as_deref().map(RawValue::get))
         .bind(reg.max_attempts)
         .bind(reg.expired_lease.as_str())
         .bind(&reg.fingerprint)
