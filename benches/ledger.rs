@@ -219,9 +219,13 @@ impl ScratchDb {
             .await
             .unwrap();
         let root = admin_url.rsplit_once('/').map(|(r, _)| r).unwrap_or(admin_url);
+        // Plain TCP, as the peers connect: since TLS is compiled in, the
+        // default `sslmode=prefer` would encrypt every round trip to a local
+        // server with ssl = on, which only one side of each ratio would pay.
+        let tls = admin_url.split_once('?').map_or("sslmode=disable", |(_, query)| query);
         Self {
             admin_url: admin_url.to_owned(),
-            url: format!("{root}/{name}"),
+            url: format!("{root}/{name}?{tls}"),
             name,
         }
     }
