@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -83,11 +83,8 @@ impl QueueScope {
             if entry == "*" {
                 scope.every = true;
             } else if let Some(prefix) = entry.strip_suffix('*') {
-                if prefix.contains('*') || prefix.chars().any(|c| !valid_queue_char(c)) {
-                    return Err(format!(
-                        "queue prefix {entry:?} may only contain a-z 0-9 . _ - before its `*`"
-                    ));
-                }
+                // A prefix obeys the queue-name rules itself.
+                QueueName::parse(prefix).map_err(|e| format!("queue prefix {entry:?} {}", e.0))?;
                 scope.prefixes.push(prefix.to_owned());
             } else {
                 QueueName::parse(entry).map_err(|e| format!("queue {entry:?} {}", e.0))?;
@@ -114,10 +111,6 @@ impl QueueScope {
     }
 }
 
-fn valid_queue_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
-}
-
 /// Who is calling, and what they may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
@@ -128,13 +121,17 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// Everything, on every queue: the caller of a service without a tokens file.
-    pub fn anonymous() -> Self {
-        Self {
-            name: "anonymous".to_owned(),
-            roles: vec![Role::Admin],
-            queues: QueueScope::every(),
-        }
+    /// Everything, on every queue: the caller of a service without a tokens
+    /// file. One shared grant, not one per request.
+    pub fn anonymous() -> Arc<Self> {
+        static ANONYMOUS: LazyLock<Arc<Grant>> = LazyLock::new(|| {
+            Arc::new(Grant {
+                name: "anonymous".to_owned(),
+                roles: vec![Role::Admin],
+                queues: QueueScope::every(),
+            })
+        });
+        Arc::clone(&ANONYMOUS)
     }
 
     pub fn may(&self, needed: Role) -> bool {
@@ -317,14 +314,6 @@ impl Access {
         }
     }
 
-    pub fn is_open(&self) -> bool {
-        self.tokens.is_none()
-    }
-
-    pub fn file(&self) -> Option<&Path> {
-        self.file.as_deref()
-    }
-
     /// Re-reads the tokens file. On any error the old set stays.
     pub fn reload(&self) -> anyhow::Result<usize> {
         let (Some(path), Some(current)) = (&self.file, &self.tokens) else {
@@ -339,7 +328,7 @@ impl Access {
     /// Who a request's `Authorization` header names.
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Grant>, AuthFailure> {
         let Some(current) = &self.tokens else {
-            return Ok(Arc::new(Grant::anonymous()));
+            return Ok(Grant::anonymous());
         };
         let header = authorization.ok_or(AuthFailure::Missing)?;
         let token = bearer_token(header).ok_or(AuthFailure::Malformed)?;

@@ -46,17 +46,22 @@ struct RouteStats {
     duration: Histogram,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// By method, then route template: one lock and, once a route has been
     /// seen, no allocation per request.
     routes: Mutex<BTreeMap<&'static str, BTreeMap<String, RouteStats>>>,
     claimed: Mutex<BTreeMap<String, u64>>,
-    /// Most queue label values kept; later queues are counted as `other`
-    /// (0: the default, `DEFAULT_MAX_QUEUES`).
+    /// Most queue label values kept; later queues are counted as `other`.
     max_queues: usize,
     outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     auth_failures: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::with_max_queues(DEFAULT_MAX_QUEUES)
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -93,8 +98,11 @@ impl Metrics {
     /// Metrics whose queue label takes at most `max_queues` values besides `other`.
     pub fn with_max_queues(max_queues: usize) -> Self {
         Self {
+            routes: Mutex::default(),
+            claimed: Mutex::default(),
             max_queues: max_queues.max(1),
-            ..Self::default()
+            outcomes: Mutex::default(),
+            auth_failures: Mutex::default(),
         }
     }
 
@@ -105,13 +113,8 @@ impl Metrics {
         if children == 0 {
             return;
         }
-        let max = if self.max_queues == 0 {
-            DEFAULT_MAX_QUEUES
-        } else {
-            self.max_queues
-        };
         let mut claimed = lock(&self.claimed);
-        let label = if claimed.contains_key(queue) || claimed.len() < max {
+        let label = if claimed.contains_key(queue) || claimed.len() < self.max_queues {
             queue
         } else {
             OTHER_QUEUES

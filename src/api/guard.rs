@@ -5,7 +5,7 @@
 //! One table, `needed_role`, says what each route needs; the OpenAPI document
 //! is written from the same table.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::request::Parts;
@@ -50,8 +50,6 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
 #[derive(Debug, Clone)]
 pub struct Caller(pub Arc<Grant>);
 
-static ANONYMOUS: LazyLock<Arc<Grant>> = LazyLock::new(|| Arc::new(Grant::anonymous()));
-
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = std::convert::Infallible;
 
@@ -61,7 +59,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .extensions
             .get::<Caller>()
             .cloned()
-            .unwrap_or_else(|| Caller(Arc::clone(&ANONYMOUS))))
+            .unwrap_or_else(|| Caller(Grant::anonymous())))
     }
 }
 

@@ -1,11 +1,11 @@
 //! Reconcile on Postgres: the stored projection under its lock, its repair,
 //! and the drift scan.
 
-use super::{PgStore, PgTx};
 use std::sync::LazyLock;
 
 use sqlx::AssertSqlSafe;
 
+use super::{PgStore, PgTx};
 use crate::access::QueueScope;
 use crate::ledger::QueueName;
 use crate::store::rows::{DriftPage, DriftRow};

@@ -1,10 +1,10 @@
 //! Reconcile on SQLite: the stored projection, its repair, and the drift scan.
 
-use super::{SqliteStore, SqliteTx, now};
 use std::sync::LazyLock;
 
 use sqlx::AssertSqlSafe;
 
+use super::{SqliteStore, SqliteTx, now};
 use crate::access::QueueScope;
 use crate::ledger::QueueName;
 use crate::store::rows::{DriftPage, DriftRow};
