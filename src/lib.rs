@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod server;
 mod state;
 pub mod store;
+pub mod waiters;
 
 use std::time::Duration;
 

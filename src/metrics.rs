@@ -46,6 +46,13 @@ struct RouteStats {
     duration: Histogram,
 }
 
+/// The long polls of this process: waiting now, and woken since it started.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WaitingClaims {
+    pub waiting: usize,
+    pub woken_total: u64,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     /// By method, then route template: one lock and, once a route has been
@@ -136,8 +143,15 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     /// `leases_expired` is the store's count of children whose lease ran out
     /// and were swept back to pending (or held, or failed) by this process;
-    /// `parents_completed` its count of parents this process completed.
-    pub fn render(&self, pools: &[PoolStats], leases_expired: u64, parents_completed: u64) -> String {
+    /// `parents_completed` its count of parents this process completed;
+    /// `claims` the long polls waiting now and woken so far.
+    pub fn render(
+        &self,
+        pools: &[PoolStats],
+        leases_expired: u64,
+        parents_completed: u64,
+        claims: WaitingClaims,
+    ) -> String {
         let mut out = String::with_capacity(4096);
         family(
             &mut out,
@@ -251,6 +265,21 @@ impl Metrics {
 
         family(
             &mut out,
+            "child_ledger_waiting_claims",
+            "gauge",
+            "Long-poll claims waiting for work in this process now.",
+        );
+        let _ = writeln!(out, "child_ledger_waiting_claims {}", claims.waiting);
+        family(
+            &mut out,
+            "child_ledger_claim_wakeups_total",
+            "counter",
+            "Waiting claims woken by new work (as many as the work covers, not all of them).",
+        );
+        let _ = writeln!(out, "child_ledger_claim_wakeups_total {}", claims.woken_total);
+
+        family(
+            &mut out,
             "child_ledger_db_pool_connections",
             "gauge",
             "Open database connections, by pool and state (idle or in use).",
@@ -311,7 +340,7 @@ mod tests {
                 Duration::from_secs_f64(ms / 1000.0),
             );
         }
-        let text = metrics.render(&[], 0, 0);
+        let text = metrics.render(&[], 0, 0, WaitingClaims::default());
         let bucket = |le: &str| {
             let prefix = format!(
                 "child_ledger_http_request_duration_seconds_bucket{{method=\"GET\",route=\"/v1/parents/{{parent_id}}\",le=\"{le}\"}} "
@@ -351,7 +380,15 @@ mod tests {
             idle: 2,
             max: 16,
         }];
-        let text = metrics.render(&pools, 4, 2);
+        let text = metrics.render(
+            &pools,
+            4,
+            2,
+            WaitingClaims {
+                waiting: 3,
+                woken_total: 7,
+            },
+        );
         for line in [
             "child_ledger_children_claimed_total{queue=\"events\"} 3",
             "child_ledger_outcomes_total{outcome=\"processed\",status=\"applied\"} 2",

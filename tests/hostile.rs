@@ -253,6 +253,110 @@ async fn a_crowd_of_long_polls_is_bounded(backend: Backend) {
     assert!(registered < Duration::from_secs(2) && recorded < Duration::from_secs(2));
 }
 
+/// A value of a metric without labels, read from `/metrics`.
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// Polls `/metrics` until `name` reaches `want` (a figure, not a sleep).
+async fn metric_reaches(client: &reqwest::Client, base: &str, name: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = metric(client, base, name).await;
+        if value == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} stayed at {value}, expected {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `n` long polls of one child each on `queue`: each answers the children it got.
+fn long_polls(client: &reqwest::Client, base: &str, queue: &str, n: usize) -> Vec<tokio::task::JoinHandle<usize>> {
+    (0..n)
+        .map(|_| {
+            let (client, url) = (client.clone(), format!("{base}/v1/queues/{queue}/claims"));
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .json(&json!({"limit": 1, "wait_seconds": 6}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                r.json::<Value>().await.unwrap()["children"].as_array().unwrap().len()
+            })
+        })
+        .collect()
+}
+
+/// Registering 5 children in front of 60 waiting claims (40 on its queue, 20
+/// on another) wakes 5 of them, not 60; on Postgres, a registration through
+/// one replica wakes as many on the other as there are children.
+async fn long_polls_wake_as_many_as_there_is_work(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    // No periodic recheck within the test: every wake-up is a notification's.
+    let quiet = ["--wait-recheck-ms", "60000"];
+    let service = ServiceProcess::start("hostile-wake", &db.url, &quiet).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let base = service.base.clone();
+    let here = long_polls(&client, &base, "wake", 40);
+    let elsewhere = long_polls(&client, &base, "idle", 20);
+    metric_reaches(&client, &base, "child_ledger_waiting_claims", 60).await;
+    let before = metric(&client, &base, "child_ledger_claim_wakeups_total").await;
+    let put = client
+        .put(format!("{base}/v1/parents/five"))
+        .json(&json!({"queue": "wake", "children": children(5)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    metric_reaches(&client, &base, "child_ledger_waiting_claims", 55).await;
+    let woken = metric(&client, &base, "child_ledger_claim_wakeups_total").await - before;
+    let mut served = 0;
+    for poll in here.into_iter().chain(elsewhere) {
+        served += poll.await.unwrap();
+    }
+    println!("{backend:?}: 5 children registered in front of 60 waiting claims woke {woken}; {served} claimed");
+    assert_eq!(woken, 5);
+    assert_eq!(served, 5);
+
+    if backend == Backend::Postgres {
+        let other = ServiceProcess::start("hostile-wake-b", &db.url, &quiet).await;
+        other.ready().await;
+        let there = long_polls(&client, &other.base, "far", 30);
+        metric_reaches(&client, &other.base, "child_ledger_waiting_claims", 30).await;
+        let before = metric(&client, &other.base, "child_ledger_claim_wakeups_total").await;
+        let put = client
+            .put(format!("{base}/v1/parents/three"))
+            .json(&json!({"queue": "far", "children": children(3)}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), StatusCode::CREATED);
+        metric_reaches(&client, &other.base, "child_ledger_waiting_claims", 27).await;
+        let woken = metric(&client, &other.base, "child_ledger_claim_wakeups_total").await - before;
+        let mut served = 0;
+        for poll in there {
+            served += poll.await.unwrap();
+        }
+        println!("3 children registered on replica A woke {woken} of 30 waiting claims on replica B; {served} claimed");
+        assert_eq!(woken, 3);
+        assert_eq!(served, 3);
+    }
+}
+
 /// A 1000-item batch naming one decided child 1000 times: its conflict log
 /// keeps the last 20, counts all, and the batch is answered promptly.
 async fn a_conflict_flood_is_bounded(backend: Backend) {
@@ -397,6 +501,7 @@ both_stores!(
     memory_is_bounded_by_the_request,
     slow_and_idle_sockets_are_closed,
     a_crowd_of_long_polls_is_bounded,
+    long_polls_wake_as_many_as_there_is_work,
     a_conflict_flood_is_bounded,
     forged_request_ids_are_replaced,
     metric_labels_are_bounded,

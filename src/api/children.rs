@@ -12,6 +12,7 @@ use super::validate::page_limit;
 use crate::error::{ApiResult, Problem};
 use crate::ledger::{Child, ChildState, ParentId};
 use crate::state::AppState;
+use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -125,6 +126,8 @@ async fn retry_child(
     let parent_id = parent_id_param(&parent_id)?;
     let sequence = sequence_param(&sequence)?;
     let child = state.store.retry(&parent_id, sequence).await?;
-    state.signal_work();
+    if let Some(queue) = state.store.queue_of(&parent_id).await? {
+        state.signal_work(Work::of_parent(queue, parent_id, 1));
+    }
     Ok(Json(child))
 }

@@ -22,7 +22,7 @@ use crate::config::{Limits, MAX_WAIT_SECONDS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 use crate::state::AppState;
-use crate::store::ChildRef;
+use crate::store::{ChildRef, StoreError};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -120,10 +120,9 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
     let (request, wait) = body.into_request(scope, &state.limits)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut shutdown = state.shutdown.subscribe();
-    let mut waiting = None;
+    let mut waiting: Option<(WaitingClaim, QueueName)> = None;
+    let mut place = None;
     loop {
-        // Subscribe before looking, so work added in between still wakes us.
-        let woken = state.work_signal.notified();
         let claimed = state.store.claim(&request).await?;
         let now = tokio::time::Instant::now();
         // Shutting down, a waiting claim answers (empty) at once: it holds no
@@ -134,18 +133,33 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
             }
             return Ok(Json(claimed.claim));
         }
-        // A bounded crowd waits: past `--max-waiting-claims`, come back later.
-        if waiting.is_none() {
-            waiting = Some(WaitingClaim::join(&state)?);
-        }
+        let Some((_, queue)) = &waiting else {
+            // A bounded crowd waits: past `--max-waiting-claims`, come back later.
+            let counted = WaitingClaim::join(&state)?;
+            let queue = match &request.scope {
+                ClaimScope::Queue(queue) => queue.clone(),
+                ClaimScope::Parent(parent_id) => match state.store.queue_of(parent_id).await? {
+                    Some(queue) => queue,
+                    None => return Err(StoreError::ParentNotFound(parent_id.clone()).into()),
+                },
+            };
+            // In line before looking once more, so work that came in between still wakes us.
+            place = Some(state.waiters.wait(&queue, request.scope.parent(), request.limit as u64));
+            waiting = Some((counted, queue));
+            continue;
+        };
         // Work is announced in this process and, through Postgres `NOTIFY`, by
         // every replica; in case an announcement is missed (the listener
         // reconnecting), a waiting claim still looks again on its own.
         let recheck = Duration::from_millis(state.limits.wait_recheck_ms);
-        tokio::select! {
-            _ = tokio::time::timeout((deadline - now).min(recheck), woken) => {}
-            _ = shutdown.wait_for(|stopping| *stopping) => {}
+        if let Some(place) = &place {
+            tokio::select! {
+                _ = tokio::time::timeout((deadline - now).min(recheck), place.woken()) => {}
+                _ = shutdown.wait_for(|stopping| *stopping) => {}
+            }
         }
+        // Back in line (at the back) before the next look.
+        place = Some(state.waiters.wait(queue, request.scope.parent(), request.limit as u64));
     }
 }
 
@@ -346,12 +360,12 @@ async fn release_claim(
     if !caller.reaches_claim(&state, claim_id).await? {
         return Ok(Json(Released { released: 0 }));
     }
-    let released = state
+    let (released, work) = state
         .store
         .release(claim_id, children.as_deref(), delay_seconds)
         .await?;
-    if released > 0 {
-        state.signal_work();
+    if let Some(work) = work {
+        state.signal_work(work);
     }
     Ok(Json(Released { released }))
 }

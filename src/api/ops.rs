@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiResult, Problem};
+use crate::metrics::WaitingClaims;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -85,6 +86,10 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             &state.store.pool_stats(),
             state.store.leases_expired_total(),
             state.store.parents_completed_total(),
+            WaitingClaims {
+                waiting: state.waiting_claims.load(std::sync::atomic::Ordering::Relaxed),
+                woken_total: state.waiters.woken_total(),
+            },
         ),
     )
 }

@@ -22,6 +22,7 @@ use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
 use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentId, ParentState, QueueName, Registration};
 use crate::state::AppState;
 use crate::store::ParentFilter;
+use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -197,7 +198,7 @@ async fn register_parent(
     }
     let (created, parent) = state.store.register(&registration).await?;
     if created {
-        state.signal_work();
+        state.signal_work(Work::of_registered(&parent));
     }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(parent)))
@@ -393,6 +394,6 @@ async fn seal_parent(
     let parent_id = parent_id_param(&parent_id)?;
     let total = in_range("total", body.total, 0, i64::MAX / 2)?;
     let parent = state.store.seal(&parent_id, total).await?;
-    state.signal_work();
+    state.signal_work(Work::of_registered(&parent));
     Ok(Json(parent))
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::state::AppState;
+use crate::waiters::Work;
 
 /// Sweeps expired leases every `interval` until the process ends, waking
 /// long-polling claimers when children became claimable again.
@@ -15,7 +16,8 @@ pub async fn reap_expired_leases(state: AppState, interval: Duration) {
             Ok(0) => {}
             Ok(moved) => {
                 tracing::info!(moved, "expired leases swept");
-                state.signal_work();
+                // Some went to held or failed: a few waiters may look for nothing.
+                state.signal_work(Work::anywhere(moved));
             }
             Err(err) => tracing::warn!(error = %err, "lease sweep failed; retrying next tick"),
         }

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::state::AppState;
+use crate::state::{AppState, WorkNotice};
+use crate::waiters::Work;
 
 /// Listens for other replicas' work notifications (Postgres `LISTEN`) and
 /// reconnects with backoff when the database goes away. Returns at once on
@@ -15,10 +16,19 @@ pub async fn listen_for_work(state: AppState) {
             Ok(Some(mut listener)) => {
                 delay = Duration::from_millis(250);
                 // A (re)connection may have missed notifications: look again.
-                state.work_signal.notify_waiters();
+                state.waiters.wake(&Work::unknown());
                 loop {
                     match listener.recv().await {
-                        Ok(()) => state.work_signal.notify_waiters(),
+                        Ok(payload) => match WorkNotice::from_payload(&payload) {
+                            // This process woke its own waiters when it sent it.
+                            Some(notice) if notice.replica == state.replica => {}
+                            Some(notice) => {
+                                state.waiters.wake(&notice.work);
+                            }
+                            None => {
+                                state.waiters.wake(&Work::unknown());
+                            }
+                        },
                         Err(err) => {
                             tracing::warn!(error = %err, "work notifications interrupted; reconnecting");
                             break;

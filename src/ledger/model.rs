@@ -214,6 +214,16 @@ pub enum ClaimScope {
     Queue(QueueName),
 }
 
+impl ClaimScope {
+    /// The one parent the claim draws from, if it is a parent's claim.
+    pub fn parent(&self) -> Option<&ParentId> {
+        match self {
+            Self::Parent(parent_id) => Some(parent_id),
+            Self::Queue(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
     pub scope: ClaimScope,

@@ -21,6 +21,7 @@ use uuid::Uuid;
 use super::rows::{Lane, LaneAsk, LaneTurn, Leased};
 use super::{ChildRef, Db, Store, StoreError, StoreResult, dispatch};
 use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::waiters::Work;
 
 /// How many expired leases one sweep statement moves at most.
 const EXPIRE_BATCH: i64 = 5_000;
@@ -155,8 +156,31 @@ impl Store {
     }
 
     /// Returns a claim's children (all, or the named ones) to `pending`.
-    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
-        dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)
+    /// Returns children a claim holds to pending. Returns how many, and the
+    /// work that makes claimable (`None` when nothing was released).
+    pub async fn release(
+        &self,
+        claim_id: Uuid,
+        children: Option<&[ChildRef]>,
+        delay_seconds: i64,
+    ) -> StoreResult<(u64, Option<Work>)> {
+        let by_parent = dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)?;
+        let released = by_parent.iter().map(|(_, n)| n).sum();
+        // A claim is made on one parent or one queue: its children share a queue.
+        let work = match by_parent.as_slice() {
+            [] => None,
+            [(parent_id, n)] => {
+                let parent_id = ParentId::from_ledger(parent_id.clone());
+                self.queue_of(&parent_id)
+                    .await?
+                    .map(|queue| Work::of_parent(queue, parent_id, *n))
+            }
+            [(parent_id, _), ..] => self
+                .queue_of(&ParentId::from_ledger(parent_id.clone()))
+                .await?
+                .map(|queue| Work::in_queue(queue, released)),
+        };
+        Ok((released, work))
     }
 
     /// Returns a `held` child to `pending`; one already pending is returned as is.

@@ -175,10 +175,9 @@ pub struct ChildRef {
 pub struct WorkListener(sqlx::postgres::PgListener);
 
 impl WorkListener {
-    /// Waits for the next notification.
-    pub async fn recv(&mut self) -> StoreResult<()> {
-        self.0.recv().await?;
-        Ok(())
+    /// Waits for the next notification; returns its payload.
+    pub async fn recv(&mut self) -> StoreResult<String> {
+        Ok(self.0.recv().await?.payload().to_owned())
     }
 }
 
@@ -248,9 +247,9 @@ impl Store {
 
     /// Tells every replica's waiting claims that work may have become
     /// claimable (Postgres `NOTIFY`; nothing to do for the one SQLite process).
-    pub async fn notify_work(&self) -> StoreResult<()> {
+    pub async fn notify_work(&self, payload: &str) -> StoreResult<()> {
         match &self.db {
-            Db::Postgres(s) => s.notify_work().await,
+            Db::Postgres(s) => s.notify_work(payload).await,
             Db::Sqlite(_) => Ok(()),
         }
     }

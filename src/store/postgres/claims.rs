@@ -181,7 +181,12 @@ impl PgStore {
     /// Returns a claim's children (all, or the named ones) to pending, parent
     /// by parent in one transaction, lowering each lane's floor (or, with a
     /// delay, its `ready_at`) to them.
-    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
+    pub async fn release(
+        &self,
+        claim_id: Uuid,
+        children: Option<&[ChildRef]>,
+        delay_seconds: i64,
+    ) -> StoreResult<Vec<(String, u64)>> {
         let mut tx = self.begin().await?;
         let groups: Vec<(String, Vec<i64>)> = match children {
             None => Self::held_by_claim(&mut tx, claim_id).await?,
@@ -193,7 +198,7 @@ impl PgStore {
                 named.into_iter().map(|(p, s)| (p.to_owned(), s)).collect()
             }
         };
-        let mut released = 0;
+        let mut released = Vec::new();
         for (parent_id, sequences) in groups {
             let n: i64 = sqlx::query_scalar(
                 "WITH released AS ( \
@@ -217,7 +222,9 @@ impl PgStore {
             .bind(delay_seconds as f64)
             .fetch_one(&mut *tx)
             .await?;
-            released += n as u64;
+            if n > 0 {
+                released.push((parent_id, n as u64));
+            }
         }
         tx.commit().await?;
         Ok(released)

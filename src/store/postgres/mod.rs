@@ -76,9 +76,10 @@ impl PgStore {
     }
 
     /// One notification per call, however many children it concerns.
-    pub async fn notify_work(&self) -> StoreResult<()> {
-        sqlx::query("SELECT pg_notify($1, '')")
+    pub async fn notify_work(&self, payload: &str) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
             .bind(WORK_CHANNEL)
+            .bind(payload)
             .execute(&self.pool)
             .await?;
         Ok(())

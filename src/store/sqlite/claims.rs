@@ -174,7 +174,12 @@ impl SqliteStore {
         Ok((rows.len() as u64, rows.into_iter().max()))
     }
 
-    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
+    pub async fn release(
+        &self,
+        claim_id: Uuid,
+        children: Option<&[ChildRef]>,
+        delay_seconds: i64,
+    ) -> StoreResult<Vec<(String, u64)>> {
         let named: Vec<(&str, i64)> = children
             .unwrap_or_default()
             .iter()
@@ -197,9 +202,13 @@ impl SqliteStore {
         .bind(named)
         .fetch_all(&mut *tx)
         .await?;
-        refresh_lanes(&mut tx, released.iter().map(String::as_str).collect::<BTreeSet<_>>()).await?;
+        let mut by_parent: BTreeMap<&str, u64> = BTreeMap::new();
+        for parent_id in &released {
+            *by_parent.entry(parent_id).or_default() += 1;
+        }
+        refresh_lanes(&mut tx, by_parent.keys().copied().collect::<BTreeSet<_>>()).await?;
         tx.commit().await?;
-        Ok(released.len() as u64)
+        Ok(by_parent.into_iter().map(|(p, n)| (p.to_owned(), n)).collect())
     }
 
     /// Returns a held child to pending; whether it did, and the child after.
