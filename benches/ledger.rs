@@ -432,6 +432,7 @@ async fn burn_down_inprocess(store: &Store, scopes: &[ClaimScope], limit: i64, e
                         limit,
                         lease_seconds: 600,
                         worker: None,
+                        budget: child_ledger::config::Limits::default().response_budget(),
                     };
                     let claim = store.claim(&request).await.unwrap().claim;
                     if claim.children.is_empty() {

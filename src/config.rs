@@ -168,6 +168,34 @@ pub struct Limits {
     /// Largest outcome `result`, in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024, global = true)]
     pub max_result_bytes: usize,
+    /// Largest claim or page of children, in bytes of JSON: a response holds
+    /// fewer children rather than exceed it (`next_after` goes on from there).
+    #[arg(long, env = "LEDGER_MAX_RESPONSE_BYTES", default_value_t = 16 * 1024 * 1024, global = true)]
+    pub max_response_bytes: usize,
+}
+
+/// Room a page's child needs besides its payload and result: its conflict log
+/// (20 entries of up to 1,000-character reasons) and other members.
+pub const PAGE_CHILD_ROOM: usize = 256 * 1024;
+
+impl Limits {
+    /// Whether the limits agree: the largest child must fit in a response, or
+    /// a claim or page could never hand it out.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let largest = self.max_payload_bytes + self.max_result_bytes + PAGE_CHILD_ROOM;
+        anyhow::ensure!(
+            self.max_response_bytes >= largest,
+            "--max-response-bytes {} is below the largest child a response may hold ({largest}: \
+             --max-payload-bytes + --max-result-bytes + {PAGE_CHILD_ROOM}); raise it or lower those",
+            self.max_response_bytes
+        );
+        Ok(())
+    }
+
+    /// A fresh byte budget for one claim or page.
+    pub fn response_budget(&self) -> crate::ledger::budget::ByteBudget {
+        crate::ledger::budget::ByteBudget::new(self.max_response_bytes as u64, self.max_payload_bytes as u64)
+    }
 }
 
 impl Default for Limits {
@@ -181,6 +209,7 @@ impl Default for Limits {
             max_outcomes_per_request: 1000,
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 64 * 1024,
+            max_response_bytes: 16 * 1024 * 1024,
             max_metric_queues: crate::metrics::DEFAULT_MAX_QUEUES,
             max_waiting_claims: 1000,
             max_bulk_bodies: 4,
@@ -214,6 +243,13 @@ mod tests {
         assert_eq!(parsed.max_bulk_bodies, default.max_bulk_bodies);
         assert_eq!(parsed.max_wait_seconds, default.max_wait_seconds);
         assert_eq!(parsed.wait_recheck_ms, default.wait_recheck_ms);
+        assert_eq!(parsed.max_response_bytes, default.max_response_bytes);
+        default.check().unwrap();
+        let tight = Limits {
+            max_response_bytes: default.max_payload_bytes,
+            ..default
+        };
+        assert!(tight.check().unwrap_err().to_string().contains("--max-response-bytes"));
     }
 
     #[test]

@@ -80,6 +80,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     let backend =
         backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
+    config.limits.check()?;
     let access = Arc::new(access_of(&config)?);
     // Installed before anything else waits, so a SIGHUP never ends the process.
     #[cfg(unix)]

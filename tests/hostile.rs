@@ -357,6 +357,124 @@ async fn long_polls_wake_as_many_as_there_is_work(backend: Backend) {
     }
 }
 
+/// Children of ~900 KB payloads against `--max-response-bytes` 4 MiB: every
+/// claim and every page stays under it by holding fewer children, and paging
+/// and claiming still reach every child exactly once. A payload of numbers
+/// in exponent form comes back as sent (Postgres `jsonb` wrote each `1e300`
+/// out as 301 digits: 1,400 bytes became 60 KB).
+async fn responses_stay_under_the_byte_cap(backend: Backend) {
+    const CAP: usize = 4 * 1024 * 1024;
+    let db = TestDatabase::new(backend).await;
+    let service = ServiceProcess::start("hostile-bytes", &db.url, &["--max-response-bytes", &CAP.to_string()]).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let base = &service.base;
+    let big: Vec<Value> = (0..20)
+        .map(|i| json!({"payload": {"i": i, "blob": "x".repeat(900_000)}}))
+        .collect();
+    let put = client
+        .put(format!("{base}/v1/parents/big"))
+        .json(&json!({"queue": "bytes", "children": big}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+
+    let mut pages = 0;
+    let mut largest_page = 0;
+    let mut seen = Vec::new();
+    let mut after: Option<i64> = None;
+    loop {
+        let url = match after {
+            Some(a) => format!("{base}/v1/parents/big/children?limit=1000&after={a}"),
+            None => format!("{base}/v1/parents/big/children?limit=1000"),
+        };
+        let bytes = client.get(url).send().await.unwrap().bytes().await.unwrap();
+        largest_page = largest_page.max(bytes.len());
+        pages += 1;
+        let page: Value = serde_json::from_slice(&bytes).unwrap();
+        seen.extend(
+            page["children"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["sequence"].as_i64().unwrap()),
+        );
+        match page["next_after"].as_i64() {
+            Some(a) => after = Some(a),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..20).collect::<Vec<_>>(), "every child once, in order");
+
+    let mut claims = 0;
+    let mut largest_claim = 0;
+    let mut claimed = Vec::new();
+    loop {
+        let bytes = client
+            .post(format!("{base}/v1/queues/bytes/claims"))
+            .json(&json!({"limit": 1000}))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let claim: Value = serde_json::from_slice(&bytes).unwrap();
+        let children = claim["children"].as_array().unwrap();
+        if children.is_empty() {
+            break;
+        }
+        claims += 1;
+        largest_claim = largest_claim.max(bytes.len());
+        claimed.extend(children.iter().map(|c| c["sequence"].as_i64().unwrap()));
+    }
+    claimed.sort();
+    assert_eq!(claimed, (0..20).collect::<Vec<_>>(), "every child claimed once");
+    println!(
+        "{backend:?}: 20 children of 900 KB, cap {CAP} B: {pages} pages (largest {largest_page} B), \
+         {claims} claims of limit 1000 (largest {largest_claim} B)"
+    );
+    assert!(largest_page <= CAP && largest_claim <= CAP);
+    assert!(pages > 1 && claims > 1);
+
+    let numbers = format!("[{}]", vec!["1e300,-1e-300"; 100].join(","));
+    let put = client
+        .put(format!("{base}/v1/parents/numbers"))
+        .header("content-type", "application/json")
+        .body(format!(
+            r#"{{"queue": "numbers", "payload": {numbers}, "children": [{{"payload": {numbers}}}]}}"#
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let child = client
+        .get(format!("{base}/v1/parents/numbers/children/0"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let parent = client
+        .get(format!("{base}/v1/parents/numbers?include=payload"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    println!(
+        "{backend:?}: a {} B payload of exponents reads back in a {} B child and a {} B parent",
+        numbers.len(),
+        child.len(),
+        parent.len()
+    );
+    let bound = 2 * numbers.len() + 1024;
+    assert!(child.len() < bound && parent.len() < bound);
+}
+
 /// A 1000-item batch naming one decided child 1000 times: its conflict log
 /// keeps the last 20, counts all, and the batch is answered promptly.
 async fn a_conflict_flood_is_bounded(backend: Backend) {
@@ -502,6 +620,7 @@ both_stores!(
     slow_and_idle_sockets_are_closed,
     a_crowd_of_long_polls_is_bounded,
     long_polls_wake_as_many_as_there_is_work,
+    responses_stay_under_the_byte_cap,
     a_conflict_flood_is_bounded,
     forged_request_ids_are_replaced,
     metric_labels_are_bounded,

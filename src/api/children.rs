@@ -63,7 +63,13 @@ async fn list_children(
     let limit = page_limit(query.limit)?;
     let page = state
         .store
-        .children(&parent_id, query.state, query.after, limit)
+        .children(
+            &parent_id,
+            query.state,
+            query.after,
+            limit,
+            state.limits.response_budget(),
+        )
         .await?;
     Ok(Json(ChildList {
         children: page.children,

@@ -86,6 +86,7 @@ impl ClaimChildren {
             limit,
             lease_seconds,
             worker: self.worker,
+            budget: limits.response_budget(),
         };
         // An operator may hold long polls shorter (a proxy's idle timeout, say):
         // the claim then answers empty sooner, which "wait up to" allows.

@@ -231,6 +231,8 @@ pub struct ClaimRequest {
     pub limit: i64,
     pub lease_seconds: i64,
     pub worker: Option<String>,
+    /// The response's bytes: fewer than `limit` children when they would not fit.
+    pub budget: super::budget::ByteBudget,
 }
 
 /// One terminal outcome to record.

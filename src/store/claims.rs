@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use super::rows::{Lane, LaneAsk, LaneTurn, Leased};
 use super::{ChildRef, Db, Store, StoreError, StoreResult, dispatch};
+use crate::ledger::budget::ByteBudget;
 use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 use crate::waiters::Work;
 
@@ -39,12 +40,14 @@ pub struct Claimed {
 
 impl Store {
     /// Claims up to `limit` claimable children under one lease: lowest sequence
-    /// first within a parent, fair across the parents of a queue.
+    /// first within a parent, fair across the parents of a queue; fewer when
+    /// more would not fit in the response's byte budget.
     pub async fn claim(&self, request: &ClaimRequest) -> StoreResult<Claimed> {
-        let mut leased = self.claim_scope(request, request.limit).await?;
+        let mut budget = request.budget;
+        let mut leased = self.claim_scope(request, request.limit, &mut budget).await?;
         let short = request.limit - leased.children.len() as i64;
         if short > 0 && self.expire_leases(Some(&request.scope)).await? > 0 {
-            leased.merge(self.claim_scope(request, short).await?);
+            leased.merge(self.claim_scope(request, short, &mut budget).await?);
         }
         if let (ClaimScope::Parent(parent_id), true) = (&request.scope, leased.children.is_empty()) {
             self.require_parent(parent_id).await?;
@@ -63,25 +66,78 @@ impl Store {
         })
     }
 
-    /// Up to `limit` children of the request's scope.
-    async fn claim_scope(&self, request: &ClaimRequest, limit: i64) -> StoreResult<Leased> {
+    /// Up to `limit` children of the request's scope, within `budget`.
+    async fn claim_scope(&self, request: &ClaimRequest, limit: i64, budget: &mut ByteBudget) -> StoreResult<Leased> {
         match &request.scope {
-            ClaimScope::Parent(parent_id) => Ok(self.claim_lane(request, parent_id, limit, LaneTurn::Wait).await?.0),
-            ClaimScope::Queue(queue) => self.claim_queue(request, queue, limit).await,
+            ClaimScope::Parent(parent_id) => {
+                let want = budget.claimable(self.child_bytes(parent_id).await?, limit);
+                self.claim_within(request, parent_id, want, LaneTurn::Wait, budget)
+                    .await
+                    .map(|(leased, _)| leased)
+            }
+            ClaimScope::Queue(queue) => self.claim_queue(request, queue, limit, budget).await,
         }
     }
 
+    /// A decomposed parent's largest payload in bytes (`None`: not on record,
+    /// or not decomposed). Fixed once the parent is decomposed, so each
+    /// process reads it once per parent (and forgets them all past 100,000).
+    async fn child_bytes(&self, parent_id: &ParentId) -> StoreResult<Option<i64>> {
+        let known = self
+            .child_bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(parent_id)
+            .copied();
+        if let Some(bytes) = known {
+            return Ok(bytes);
+        }
+        let Some(bytes) = dispatch!(self, s => s.lane_child_bytes(parent_id).await)? else {
+            return Ok(None);
+        };
+        let bytes = bytes.map(i64::from);
+        let mut cache = self.child_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= 100_000 {
+            cache.clear();
+        }
+        cache.insert(parent_id.clone(), bytes);
+        Ok(bytes)
+    }
+
+    /// `claim_lane` for up to `want` children, spending what they take of `budget`.
+    async fn claim_within(
+        &self,
+        request: &ClaimRequest,
+        parent_id: &ParentId,
+        want: i64,
+        turn: LaneTurn,
+        budget: &mut ByteBudget,
+    ) -> StoreResult<(Leased, bool)> {
+        if want <= 0 {
+            return Ok((Leased::default(), false));
+        }
+        let (leased, taken) = self.claim_lane(request, parent_id, want, turn).await?;
+        budget.spend_claimed(&leased.children);
+        Ok((leased, taken))
+    }
+
     /// Up to `limit` children from the lanes of a queue, in serving order.
-    async fn claim_queue(&self, request: &ClaimRequest, queue: &QueueName, limit: i64) -> StoreResult<Leased> {
+    async fn claim_queue(
+        &self,
+        request: &ClaimRequest,
+        queue: &QueueName,
+        limit: i64,
+        budget: &mut ByteBudget,
+    ) -> StoreResult<Leased> {
         let lanes = dispatch!(self, s => s.queue_lanes(queue, limit.min(MAX_LANES)).await)?;
         let mut leased = Leased::default();
         // The first lane passed by as busy, waited for before any lower priority.
         let mut busy: Option<&Lane> = None;
         for lane in &lanes {
             if let Some(first_busy) = busy.filter(|b| b.priority > lane.priority) {
-                let want = limit - leased.children.len() as i64;
+                let want = budget.claimable(first_busy.child_bytes, limit - leased.children.len() as i64);
                 leased.merge(
-                    self.claim_lane(request, &first_busy.parent_id, want, LaneTurn::Wait)
+                    self.claim_within(request, &first_busy.parent_id, want, LaneTurn::Wait, budget)
                         .await?
                         .0,
                 );
@@ -91,7 +147,14 @@ impl Store {
             if want <= 0 {
                 return Ok(leased);
             }
-            let (got, taken) = self.claim_lane(request, &lane.parent_id, want, LaneTurn::Skip).await?;
+            let want = budget.claimable(lane.child_bytes, want);
+            if want <= 0 {
+                // This lane's children do not fit what is left; a later lane's smaller ones might.
+                continue;
+            }
+            let (got, taken) = self
+                .claim_within(request, &lane.parent_id, want, LaneTurn::Skip, budget)
+                .await?;
             leased.merge(got);
             if !taken && busy.is_none() {
                 busy = Some(lane);
@@ -99,8 +162,9 @@ impl Store {
         }
         let want = limit - leased.children.len() as i64;
         if let (Some(first_busy), true) = (busy, want > 0) {
+            let want = budget.claimable(first_busy.child_bytes, want);
             leased.merge(
-                self.claim_lane(request, &first_busy.parent_id, want, LaneTurn::Wait)
+                self.claim_within(request, &first_busy.parent_id, want, LaneTurn::Wait, budget)
                     .await?
                     .0,
             );

@@ -80,6 +80,9 @@ pub struct Store {
     expired_total: Arc<AtomicU64>,
     /// Parents this process completed, for the metrics.
     completed_total: Arc<AtomicU64>,
+    /// Decomposed parents' largest payloads, which no longer change (see
+    /// `claims::child_bytes`).
+    child_bytes: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, Option<i64>>>>,
 }
 
 /// One connection pool's occupancy, for the metrics gauges.
@@ -210,6 +213,7 @@ impl Store {
             outcome_batches: Arc::new(combine::Combiner::new(2)),
             expired_total: Arc::default(),
             completed_total: Arc::default(),
+            child_bytes: Arc::default(),
         })
     }
 

@@ -3,11 +3,15 @@
 use super::{
     ChildPage, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, WRITE_CHUNK, dispatch, in_tx,
 };
+use crate::ledger::budget::{ByteBudget, json_len};
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT};
 use crate::ledger::{Appended, Child, ChildState, NewChild, Parent, ParentId, QueueName, Registration};
 
 /// How many differing sequences an append conflict names at most.
 const DIFFERING_REPORTED: usize = 100;
+
+/// Children read per statement while a page is filled.
+const PAGE_CHUNK: i64 = 100;
 
 impl Store {
     /// Registers a parent with its children in one transaction. Returns whether
@@ -61,7 +65,11 @@ impl Store {
                 sequences: differing,
             });
         }
-        in_tx!(&mut tx, parents::count_appended(parent_id, inserted, skipped))?;
+        let child_bytes = crate::ledger::budget::largest_payload(children);
+        in_tx!(
+            &mut tx,
+            parents::count_appended(parent_id, inserted, skipped, child_bytes)
+        )?;
         tx.commit().await?;
         dispatch!(self, s => s.after_bulk_write(inserted as i64).await)?;
         Ok(Appended {
@@ -142,21 +150,45 @@ impl Store {
         })
     }
 
+    /// A page of a parent's children after `after`: up to `limit`, and fewer
+    /// when more would not fit in `budget` (`next_after` goes on from there).
+    /// Read in chunks, so a page of large children never sits in memory at once.
     pub async fn children(
         &self,
         parent_id: &ParentId,
         state: Option<ChildState>,
         after: Option<i64>,
         limit: i64,
+        mut budget: ByteBudget,
     ) -> StoreResult<ChildPage> {
-        let mut children = dispatch!(self, s => s.children(parent_id, state, after, limit + 1).await)?;
-        if children.is_empty() {
-            self.require_parent(parent_id).await?;
+        let mut children: Vec<Child> = Vec::new();
+        let mut cursor = after;
+        loop {
+            let want = (limit - children.len() as i64).min(PAGE_CHUNK);
+            // One row past the chunk says whether more follow.
+            let mut chunk = dispatch!(self, s => s.children(parent_id, state, cursor, want + 1).await)?;
+            let more = chunk.len() as i64 > want;
+            chunk.truncate(want as usize);
+            for child in chunk {
+                // The first child always goes: `Limits::check` makes room for the largest.
+                // (+1: the comma before it.)
+                if !budget.take(json_len(&child) + 1) && !children.is_empty() {
+                    let next_after = children.last().map(|c| c.sequence);
+                    return Ok(ChildPage { children, next_after });
+                }
+                children.push(child);
+            }
+            cursor = children.last().map(|c| c.sequence);
+            if !more || children.len() as i64 >= limit {
+                if children.is_empty() {
+                    self.require_parent(parent_id).await?;
+                }
+                return Ok(ChildPage {
+                    next_after: cursor.filter(|_| more),
+                    children,
+                });
+            }
         }
-        let more = children.len() as i64 > limit;
-        children.truncate(limit as usize);
-        let next_after = children.last().map(|c| c.sequence).filter(|_| more);
-        Ok(ChildPage { children, next_after })
     }
 
     pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<Child> {

@@ -201,13 +201,16 @@ impl Leased {
 pub(crate) struct Lane {
     pub parent_id: ParentId,
     pub priority: i32,
+    /// The parent's largest payload in bytes (`None`: not on record).
+    pub child_bytes: Option<i64>,
 }
 
 impl Lane {
-    pub fn new(parent_id: String, priority: i32) -> Self {
+    pub fn new(parent_id: String, priority: i32, child_bytes: Option<i32>) -> Self {
         Self {
             parent_id: ParentId::from_ledger(parent_id),
             priority,
+            child_bytes: child_bytes.map(i64::from),
         }
     }
 }

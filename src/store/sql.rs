@@ -97,12 +97,15 @@ pub(crate) const PARENT_QUEUE: &str = "SELECT queue FROM parent WHERE parent_id 
 pub(crate) const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM child c JOIN parent p ON p.parent_id = c.parent_id \
     WHERE c.claim_id = $1 AND c.state = 'in_flight'";
 
+/// A decomposed parent's largest payload (its lane's `child_bytes`).
+pub(crate) const LANE_CHILD_BYTES: &str = "SELECT child_bytes FROM lane WHERE parent_id = $1";
+
 pub(crate) const PARENT_EXISTS: &str = "SELECT 1 FROM parent WHERE parent_id = $1";
 
 /// Opens the lane of a parent that was just decomposed: its queue claims may
 /// start. Its children carry no delay yet, so `floor` is its lowest pending one.
-pub(crate) const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, floor) \
-    SELECT p.parent_id, p.queue, p.priority, p.position, \
+pub(crate) const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor) \
+    SELECT p.parent_id, p.queue, p.priority, p.position, p.child_bytes, \
         (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') \
     FROM parent p WHERE p.parent_id = $1";
 
@@ -111,7 +114,7 @@ pub(crate) const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority
 /// dialect's clock. The index predicate is repeated so SQLite uses it too.
 pub(crate) fn queue_lanes(now: &str) -> String {
     format!(
-        "SELECT parent_id, priority FROM lane \
+        "SELECT parent_id, priority, child_bytes FROM lane \
          WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) \
            AND (floor IS NOT NULL OR ready_at <= {now}) \
          ORDER BY priority DESC, served, position LIMIT $2"
@@ -128,9 +131,10 @@ pub(crate) const TERMINAL_TALLY: &str = "SELECT count(*) AS total, \
     count(*) FILTER (WHERE state = 'skipped') AS skipped \
     FROM child WHERE parent_id = $1";
 
-/// Adds appended children (`$2`, of which `$3` skipped) to a parent's projection.
-pub(crate) const COUNT_APPENDED: &str =
-    "UPDATE parent SET total = total + $2, skipped = skipped + $3 WHERE parent_id = $1";
+/// Adds appended children (`$2`, of which `$3` skipped, the largest payload
+/// `$4` bytes) to a parent's projection.
+pub(crate) const COUNT_APPENDED: &str = "UPDATE parent SET total = total + $2, skipped = skipped + $3, \
+    child_bytes = CASE WHEN coalesce(child_bytes, 0) < $4 THEN $4 ELSE child_bytes END WHERE parent_id = $1";
 
 /// A seal's census: stored sequences below `$2` and at or past it.
 pub(crate) const SEAL_CENSUS: &str = "SELECT count(*) FILTER (WHERE sequence < $2), \

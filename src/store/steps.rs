@@ -101,6 +101,18 @@ macro_rules! shared_reads {
                     .await?)
             }
 
+            /// A decomposed parent's largest payload in bytes: `None` when
+            /// it has no lane (not decomposed), `Some(None)` when not on record.
+            pub async fn lane_child_bytes(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+            ) -> $crate::store::StoreResult<Option<Option<i32>>> {
+                Ok(sqlx::query_scalar($crate::store::sql::LANE_CHILD_BYTES)
+                    .bind(parent_id.as_str())
+                    .fetch_optional(&self.$pool)
+                    .await?)
+            }
+
             /// The queue of a parent, if it exists.
             pub async fn queue_of(
                 &self,
@@ -198,11 +210,13 @@ macro_rules! seal_steps {
             parent_id: &$crate::ledger::ParentId,
             inserted: u64,
             skipped: i64,
+            child_bytes: i64,
         ) -> $crate::store::StoreResult<()> {
             sqlx::query($crate::store::sql::COUNT_APPENDED)
                 .bind(parent_id.as_str())
                 .bind(inserted as i64)
                 .bind(skipped)
+                .bind(child_bytes)
                 .execute(&mut **tx)
                 .await?;
             Ok(())

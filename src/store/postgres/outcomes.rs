@@ -50,7 +50,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
                  AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
          applied AS ( \
-             UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::jsonb, \
+             UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::json, \
                  terminal_at = now(), outcome_attempt = {credited} \
              FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \

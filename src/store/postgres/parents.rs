@@ -2,9 +2,11 @@
 
 use std::sync::LazyLock;
 
+use serde_json::value::RawValue;
 use sqlx::AssertSqlSafe;
 
 use super::{PgStore, PgTx, rows};
+use crate::ledger::budget::largest_payload;
 use crate::ledger::{NewChild, ParentId, Registration};
 use crate::store::{StoreError, StoreResult, sql, steps};
 
@@ -12,8 +14,9 @@ use crate::store::{StoreError, StoreResult, sql, steps};
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
-                             total, skipped, priority, decomposed_at, completed_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10, CASE WHEN $9 THEN now() END, CASE WHEN {} THEN now() END) \
+                             total, skipped, priority, child_bytes, decomposed_at, completed_at) \
+         VALUES ($1, $2, $3::json, $4, $5, $6, $7, $8, $10, $11, CASE WHEN $9 THEN now() END, \
+                 CASE WHEN {} THEN now() END) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL",
         sql::complete("$9", "$8", "$7")
     )
@@ -64,7 +67,7 @@ pub(in crate::store) async fn differing_sequences(
         "SELECT u.sequence FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) \
              AS u(sequence, key, payload, skip) \
          JOIN child c ON c.parent_id = $1 AND c.sequence = u.sequence \
-         WHERE c.key IS DISTINCT FROM u.key OR c.payload <> u.payload::jsonb \
+         WHERE c.key IS DISTINCT FROM u.key OR c.payload::jsonb <> u.payload::jsonb \
             OR c.reason IS DISTINCT FROM u.skip OR (c.state = 'skipped') <> (u.skip IS NOT NULL) \
          ORDER BY u.sequence LIMIT 100",
     )
@@ -84,7 +87,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut PgTx, reg: &Registration) -
     Ok(sqlx::query_scalar(AssertSqlSafe(REGISTER.as_str()))
         .bind(reg.parent_id.as_str())
         .bind(reg.queue.as_str())
-        .bind(reg.payload.as_deref().map(sqlx::types::Json))
+        .bind(reg.payload.as_deref().map(RawValue::get))
         .bind(reg.max_attempts)
         .bind(reg.expired_lease.as_str())
         .bind(&reg.fingerprint)
@@ -92,6 +95,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut PgTx, reg: &Registration) -
         .bind(skipped)
         .bind(reg.decomposed)
         .bind(reg.priority)
+        .bind(largest_payload(&reg.children))
         .fetch_optional(&mut **tx)
         .await?)
 }
@@ -114,7 +118,7 @@ pub(in crate::store) async fn insert_chunk(
     let (inserted, skipped): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
         "WITH inserted AS ( \
              INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at) \
-             SELECT $1, u.sequence, u.key, u.payload::jsonb, \
+             SELECT $1, u.sequence, u.key, u.payload::json, \
                  CASE WHEN u.skip IS NULL THEN 'pending' ELSE 'skipped' END, u.skip, \
                  CASE WHEN u.skip IS NULL THEN NULL ELSE now() END \
              FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS u(sequence, key, payload, skip) \

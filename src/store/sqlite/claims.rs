@@ -83,14 +83,14 @@ impl SqliteStore {
 
     /// The first `limit` claimable lanes of a queue, in serving order.
     pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
-        let rows: Vec<(String, i32)> = sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))
+        let rows: Vec<(String, i32, Option<i32>)> = sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))
             .bind(queue.as_str())
             .bind(limit)
             .fetch_all(&self.readers)
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(parent_id, priority)| Lane::new(parent_id, priority))
+            .map(|(parent_id, priority, child_bytes)| Lane::new(parent_id, priority, child_bytes))
             .collect())
     }
 

@@ -6,14 +6,15 @@ use serde_json::value::RawValue;
 use sqlx::AssertSqlSafe;
 
 use super::{SqliteStore, SqliteTx, now, rows};
+use crate::ledger::budget::largest_payload;
 use crate::ledger::{NewChild, ParentId, Registration};
 use crate::store::{StoreError, StoreResult, sql, steps};
 
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
-                             total, skipped, priority, created_at, decomposed_at, completed_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10, {now}, CASE WHEN ?9 THEN {now} END, \
+                             total, skipped, priority, child_bytes, created_at, decomposed_at, completed_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10, ?11, {now}, CASE WHEN ?9 THEN {now} END, \
                  CASE WHEN {complete} THEN {now} END) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL",
         now = now!(),
@@ -83,6 +84,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut SqliteTx, reg: &Registratio
         .bind(skipped)
         .bind(reg.decomposed)
         .bind(reg.priority)
+        .bind(largest_payload(&reg.children))
         .fetch_optional(&mut **tx)
         .await?)
 }
