@@ -414,6 +414,95 @@ async fn burn_down_http_batched(base: &str, claim_paths: &[String], limit: usize
     done as f64 / elapsed
 }
 
+/// A hostile client beside the honest workers: 200 slowloris sockets that
+/// send a header line a second (reconnecting when the service cuts them off),
+/// 100 long polls on an empty queue (asked again as each ends), and one
+/// client sending 60 MB registrations of `{}` children, each refused, back to
+/// back.
+struct Hostile {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<u64>>,
+}
+
+impl Hostile {
+    fn start(base: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = base.trim_start_matches("http://").to_owned();
+        let mut tasks = Vec::new();
+        for _ in 0..200 {
+            let (stop, addr) = (stop.clone(), addr.clone());
+            tasks.push(tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut cut_off = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut socket) = tokio::net::TcpStream::connect(&addr).await else {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    };
+                    let mut line = b"POST /v1/outcomes HTTP/1.1\r\nHost: x\r\n".to_vec();
+                    while !stop.load(Ordering::Relaxed) && socket.write_all(&line).await.is_ok() {
+                        line = b"X-Slow: 1\r\n".to_vec();
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    cut_off += 1;
+                }
+                cut_off
+            }));
+        }
+        let client = reqwest::Client::new();
+        for _ in 0..100 {
+            let (stop, client, url) = (
+                stop.clone(),
+                client.clone(),
+                format!("{base}/v1/queues/hostile-empty/claims"),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut polls = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(r#"{"limit": 1, "wait_seconds": 2}"#)
+                        .send()
+                        .await;
+                    polls += 1;
+                }
+                polls
+            }));
+        }
+        let (flag, url) = (stop.clone(), format!("{base}/v1/parents/hostile-flood"));
+        let mut flood = br#"{"queue": "flood", "children": ["#.to_vec();
+        flood.extend(b"{},".repeat(20_000_000));
+        flood.extend(b"{}]}");
+        tasks.push(tokio::spawn(async move {
+            let mut refused = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let sent = client
+                    .put(&url)
+                    .header("content-type", "application/json")
+                    .body(flood.clone())
+                    .send()
+                    .await;
+                if sent.map_or(true, |r| r.status().is_client_error()) {
+                    refused += 1;
+                }
+            }
+            refused
+        }));
+        Self { stop, tasks }
+    }
+
+    /// Stops the hostile client: how many floods were refused.
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut last = 0;
+        for task in self.tasks {
+            last = task.await.unwrap();
+        }
+        last
+    }
+}
+
 /// The same loop as `http_worker`, calling the store in-process.
 async fn burn_down_inprocess(store: &Store, scopes: &[ClaimScope], limit: i64, expected: u64) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
@@ -983,6 +1072,39 @@ async fn main() {
             .against("8 workers on 8 parents", spread)
             .target(">= 0.8"),
     );
+
+    eprintln!("burn_down beside a hostile client ...");
+    register(&client, &base, "calm", "calm", sizes.burn).await;
+    register(&client, &base, "beset", "beset", sizes.burn).await;
+    settle(&db.url).await;
+    let calm = burn_down_http(&base, &parent_paths("calm", WORKERS), 100, sizes.burn as u64).await;
+    settle(&db.url).await;
+    // A service of its own, so the memory the floods take is reported apart
+    // from the honest workload's.
+    let beset_service = Service::start(&db.url).await;
+    let hostile = Hostile::start(&beset_service.base);
+    // Let the sockets, the long polls and the first flood arrive first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let beset = burn_down_http(
+        &beset_service.base,
+        &parent_paths("beset", WORKERS),
+        100,
+        sizes.burn as u64,
+    )
+    .await;
+    let floods = hostile.stop().await;
+    let beset_rss = beset_service.stop().await;
+    scenarios.push(
+        Scenario::new("burn_down_http.beside_hostile_client", "children/s", beset)
+            .against("burn_down_http, calm", calm)
+            .target(">= 0.5"),
+    );
+    scenarios.push(Scenario::new(
+        "burn_down_http.beside_hostile_client.floods_refused",
+        "60 MB registrations",
+        floods as f64,
+    ));
+    scenarios.push(Scenario::new("memory.beside_hostile_client", "MiB", beset_rss).target("<= 500 MiB"));
 
     peak_rss = peak_rss.max(service.stop().await);
     drop(store);

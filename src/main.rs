@@ -81,6 +81,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let backend =
         backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
     config.limits.check()?;
+    if config.statement_timeout_seconds >= config.request_timeout_seconds {
+        tracing::warn!(
+            statement_timeout_seconds = config.statement_timeout_seconds,
+            request_timeout_seconds = config.request_timeout_seconds,
+            "a statement may outlive the request that started it: keep --statement-timeout-seconds below \
+             --request-timeout-seconds"
+        );
+    }
     let access = Arc::new(access_of(&config)?);
     // Installed before anything else waits, so a SIGHUP never ends the process.
     #[cfg(unix)]

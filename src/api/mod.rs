@@ -4,6 +4,7 @@
 
 mod children;
 mod claims;
+mod etag;
 pub mod extract;
 pub mod guard;
 mod openapi;
@@ -54,6 +55,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
     let api = openapi::complete(api, &state.limits);
     router
         .route_layer(middleware::from_fn_with_state(state.clone(), guard::guard))
+        .route_layer(middleware::from_fn(etag::etag))
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(route_not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())

@@ -4,6 +4,7 @@
 
 use utoipa::OpenApi;
 use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder, Schema};
 
@@ -40,6 +41,7 @@ pub(super) struct ApiDoc;
 /// The routes' document completed for a service running with `limits`.
 pub(super) fn complete(mut api: utoipa::openapi::OpenApi, limits: &Limits) -> utoipa::openapi::OpenApi {
     document_every_operation(&mut api);
+    document_etags(&mut api);
     document_access(&mut api);
     document_limits(&mut api, limits);
     api
@@ -119,6 +121,46 @@ fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
                 });
             }
         }
+    }
+}
+
+/// Every `GET` under `/v1` answers with an `ETag`, and `304` with no body
+/// when `If-None-Match` names the current one (`etag.rs`).
+fn document_etags(api: &mut utoipa::openapi::OpenApi) {
+    let text = || ObjectBuilder::new().schema_type(Type::String);
+    let etag = HeaderBuilder::new()
+        .schema(Some(text()))
+        .description(Some(
+            "A digest of the body: send it back in `If-None-Match` to poll cheaply",
+        ))
+        .build();
+    let not_modified: utoipa::openapi::Response = ResponseBuilder::new()
+        .description("Not modified: the `ETag` sent in `If-None-Match` is still current; no body")
+        .header("ETag", etag.clone())
+        .build();
+    let if_none_match = ParameterBuilder::new()
+        .name("If-None-Match")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .schema(Some(text()))
+        .description(Some(
+            "An `ETag` from an earlier answer: `304` with no body if it is still current",
+        ))
+        .build();
+    for (path, item) in api.paths.paths.iter_mut() {
+        let Some(op) = item.get.as_mut().filter(|_| path.starts_with("/v1/")) else {
+            continue;
+        };
+        op.parameters
+            .get_or_insert_with(Vec::new)
+            .push(RefOr::T(if_none_match.clone()));
+        let responses = &mut op.responses.responses;
+        if let Some(RefOr::T(ok)) = responses.get_mut("200") {
+            ok.headers.insert("ETag".to_owned(), RefOr::T(etag.clone()));
+        }
+        responses
+            .entry("304".to_owned())
+            .or_insert_with(|| RefOr::T(not_modified.clone()));
     }
 }
 

@@ -138,11 +138,14 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
         // 53300 too_many_connections. SQLite still busy or locked after the
         // busy timeout (5 SQLITE_BUSY, 6 SQLITE_LOCKED and every extended code
         // of theirs): another process held the file too long; retrying is right.
+        // A statement cut short by `--statement-timeout-seconds` (Postgres
+        // 57014 query_canceled, SQLite 9 SQLITE_INTERRUPT): the database is too
+        // slow to answer now, which a later try may not be.
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             code.starts_with("08")
-                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "57014")
                 // SQLite's extended codes keep the primary code in the low byte.
-                || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+                || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 9))
         }),
         _ => false,
     }

@@ -52,8 +52,14 @@ impl PgStore {
         Ok(Self { pool })
     }
 
+    /// Applies the migrations on one connection without the statement
+    /// timeout: rewriting a big ledger's table may take minutes, on purpose.
+    /// (The connection is closed afterwards rather than reset.)
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        sqlx::migrate!("./migrations/postgres").run(&self.pool).await?;
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
+        sqlx::migrate!("./migrations/postgres").run(&mut *conn).await?;
+        conn.close_on_drop();
         Ok(())
     }
 

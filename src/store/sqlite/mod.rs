@@ -10,7 +10,11 @@ pub(super) mod parents;
 pub(super) mod reconcile;
 mod rows;
 
+use std::ffi::{c_int, c_uint, c_void};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
@@ -32,7 +36,7 @@ pub(super) type SqliteTx = Transaction<'static, Sqlite>;
 
 /// How long a write waits for its turn: for the writer connection, and for
 /// SQLite's file lock when another process writes the same file.
-const WRITER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+const WRITER_WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteStore {
@@ -42,6 +46,88 @@ pub(crate) struct SqliteStore {
     readers: SqlitePool,
     /// Beside the database file: held while migrating (none in memory).
     migration_lock: Option<std::path::PathBuf>,
+    watchdog: Watchdog,
+}
+
+/// SQLite's `--statement-timeout-seconds`. SQLite has no statement timeout,
+/// but it can say when each statement starts (`sqlite3_trace_v2`) and it
+/// calls a progress handler every few thousand VM instructions while one
+/// runs: a statement still running past the timeout is interrupted
+/// (`SQLITE_INTERRUPT`, answered 503). Armed once migrations are done: a
+/// migration of a big ledger may run long, on purpose.
+#[derive(Debug, Clone)]
+struct Watchdog {
+    limit: Duration,
+    armed: Arc<AtomicBool>,
+}
+
+/// The origin of the statement clocks below.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn clock_now() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
+}
+
+/// `sqlite3_trace_v2`'s callback: a statement starts on the connection whose
+/// statement clock `ctx` is.
+unsafe extern "C" fn statement_started(
+    _event: c_uint,
+    ctx: *mut c_void,
+    _stmt: *mut c_void,
+    _sql: *mut c_void,
+) -> c_int {
+    // SAFETY: `ctx` is the `AtomicU64` that `Watchdog::watch` registered with
+    // this connection; the progress handler owns it for as long as the
+    // connection runs statements.
+    let started = unsafe { &*(ctx as *const AtomicU64) };
+    started.store(clock_now(), Ordering::Relaxed);
+    0
+}
+
+impl Watchdog {
+    /// VM instructions between progress handler calls (microseconds of work).
+    const EVERY: i32 = 10_000;
+
+    fn new(limit: Duration) -> Self {
+        Self {
+            limit,
+            armed: Arc::default(),
+        }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// Pool options whose every connection is watched.
+    fn watch(&self, pool: SqlitePoolOptions) -> SqlitePoolOptions {
+        let watchdog = self.clone();
+        pool.after_connect(move |conn, _meta| {
+            let watchdog = watchdog.clone();
+            Box::pin(async move {
+                let mut handle = conn.lock_handle().await?;
+                let started = Arc::new(AtomicU64::new(clock_now()));
+                // SAFETY: the handle is locked (no other thread calls into this
+                // connection), and the clock outlives the registration: the
+                // progress handler below holds it until the connection closes.
+                unsafe {
+                    libsqlite3_sys::sqlite3_trace_v2(
+                        handle.as_raw_handle().as_ptr(),
+                        libsqlite3_sys::SQLITE_TRACE_STMT,
+                        Some(statement_started),
+                        Arc::as_ptr(&started) as *mut c_void,
+                    );
+                }
+                let limit = watchdog.limit.as_nanos() as u64;
+                handle.set_progress_handler(Self::EVERY, move || {
+                    // false interrupts the statement.
+                    !watchdog.armed.load(Ordering::Relaxed)
+                        || clock_now().saturating_sub(started.load(Ordering::Relaxed)) < limit
+                });
+                Ok(())
+            })
+        })
+    }
 }
 
 impl SqliteStore {
@@ -61,12 +147,15 @@ impl SqliteStore {
             .then(|| std::path::PathBuf::from(format!("{}-migrate.lock", file.display())));
         // Writers queue here behind the one connection; a 100,000-child
         // registration holds it for seconds, which is no outage.
-        let writer = SqlitePoolOptions::new()
+        let watchdog = Watchdog::new(options.statement_timeout);
+        let writer = watchdog
+            .watch(SqlitePoolOptions::new())
             .max_connections(1)
             .acquire_timeout(options.acquire_timeout.max(WRITER_WAIT))
             .connect_with(connect.clone())
             .await?;
-        let readers = SqlitePoolOptions::new()
+        let readers = watchdog
+            .watch(SqlitePoolOptions::new())
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
@@ -75,6 +164,7 @@ impl SqliteStore {
             writer,
             readers,
             migration_lock,
+            watchdog,
         })
     }
 
@@ -106,6 +196,7 @@ impl SqliteStore {
             None => None,
         };
         sqlx::migrate!("./migrations/sqlite").run(&self.writer).await?;
+        self.watchdog.arm();
         Ok(())
     }
 
@@ -129,5 +220,68 @@ impl SqliteStore {
                 max: pool.options().get_max_connections(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    /// Counts to a billion: minutes of work for one statement.
+    const ENDLESS: &str = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000000) \
+                           SELECT count(*) FROM n";
+
+    #[tokio::test]
+    async fn a_statement_past_the_timeout_is_interrupted_once_migrated() {
+        let options = StoreOptions {
+            statement_timeout: Duration::from_millis(300),
+            ..StoreOptions::default()
+        };
+        let store = SqliteStore::connect("sqlite::memory:", &options).await.unwrap();
+        store.migrate().await.unwrap();
+        let started = Instant::now();
+        let err = sqlx::query(ENDLESS).fetch_one(&store.readers).await.unwrap_err();
+        let took = started.elapsed();
+        println!("a runaway SQLite statement was interrupted after {took:?} (timeout 300 ms)");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        assert!(matches!(StoreError::from(err), StoreError::Unavailable(_)));
+        // The connection serves the next statement as usual, and statements
+        // back to back for longer than the timeout are each on their own clock.
+        let started = Instant::now();
+        let mut statements = 0;
+        while started.elapsed() < Duration::from_secs(1) {
+            let counted: i64 = sqlx::query_scalar(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000) SELECT count(*) FROM n",
+            )
+            .fetch_one(&store.readers)
+            .await
+            .unwrap();
+            assert_eq!(counted, 100_000);
+            statements += 1;
+        }
+        println!("{statements} statements back to back for 1 s ran to their end");
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_sleeps_while_migrating() {
+        let options = StoreOptions {
+            statement_timeout: Duration::from_millis(100),
+            ..StoreOptions::default()
+        };
+        let store = SqliteStore::connect("sqlite::memory:", &options).await.unwrap();
+        // Not armed yet: a long statement (here 300 ms of counting) runs to its end.
+        let started = Instant::now();
+        let counted: i64 = sqlx::query_scalar(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000000) SELECT count(*) FROM n",
+        )
+        .fetch_one(&store.writer)
+        .await
+        .unwrap();
+        assert_eq!(counted, 2_000_000);
+        println!("before migrations, a {:?} statement ran to its end", started.elapsed());
     }
 }
