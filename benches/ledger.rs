@@ -474,6 +474,8 @@ impl Hostile {
         let mut flood = br#"{"queue": "flood", "children": ["#.to_vec();
         flood.extend(b"{},".repeat(20_000_000));
         flood.extend(b"{}]}");
+        // Shared, not copied per request: the hostile client's own CPU is the bench's too.
+        let flood = bytes::Bytes::from(flood);
         tasks.push(tokio::spawn(async move {
             let mut refused = 0;
             while !flag.load(Ordering::Relaxed) {
