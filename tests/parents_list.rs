@@ -1,5 +1,6 @@
 //! Listing parents: filters by queue and derived state, the scheduler's
-//! `resumable` query, and cursor pagination, oldest first.
+//! `resumable` query, and cursor pagination, oldest first; the dashboard's
+//! filters (`has`, `order`, `created_after/before`) and fields.
 
 mod common;
 
@@ -109,4 +110,132 @@ async fn lists_parents(backend: Backend) {
     }
 }
 
-both_stores!(lists_parents);
+/// Claims one child of `parent` and records `outcome` for it; returns the claim id.
+async fn finish_one(app: &TestApp, parent: &str, outcome: &str) -> Value {
+    let claim = app
+        .post(&format!("/v1/parents/{parent}/claims"), json!({"limit": 1}))
+        .await;
+    let claim_id = claim.body["claim_id"].clone();
+    let r = app
+        .post(
+            &format!("/v1/parents/{parent}/children/0/outcome"),
+            json!({"outcome": outcome, "claim_id": claim_id}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    claim_id
+}
+
+/// `has=failed|held|conflicts`, `order=newest` with its own paging,
+/// `created_after/before`, and each parent's `priority`, `created_at` and
+/// `last_progress_at`.
+async fn dashboard_filters_and_fields(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for (id, extra) in [
+        ("D-plain", json!({})),
+        ("D-failed", json!({})),
+        ("D-conflict", json!({})),
+        ("D-held", json!({"expired_lease": "hold", "priority": 7})),
+    ] {
+        let mut body = json!({"queue": "dash", "children": children(2)});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        assert_eq!(
+            app.put(&format!("/v1/parents/{id}"), body).await.status,
+            StatusCode::CREATED
+        );
+        // Distinct registration times, even at SQLite's millisecond precision.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let plain = app.get("/v1/parents/D-plain").await.body;
+    assert_eq!(plain["priority"], 0);
+    assert!(plain["created_at"].is_string(), "{plain}");
+    assert!(plain["last_progress_at"].is_null(), "no outcome yet: {plain}");
+
+    finish_one(&app, "D-failed", "failed").await;
+    let failed = app.get("/v1/parents/D-failed").await.body;
+    let progress = failed["last_progress_at"].as_str().expect("progress after an outcome");
+    assert!(progress >= failed["created_at"].as_str().unwrap(), "{failed}");
+
+    let claim_id = finish_one(&app, "D-conflict", "processed").await;
+    let late = app
+        .post(
+            "/v1/parents/D-conflict/children/0/outcome",
+            json!({"outcome": "failed", "claim_id": claim_id}),
+        )
+        .await;
+    assert_eq!(late.status, StatusCode::CONFLICT, "{late:?}");
+
+    let held = app
+        .post("/v1/parents/D-held/claims", json!({"limit": 1, "lease_seconds": 1}))
+        .await;
+    assert_eq!(held.body["children"].as_array().unwrap().len(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // A short claim sweeps the expired lease: the child is held, the other one claimed.
+    app.post("/v1/parents/D-held/claims", json!({"limit": 10})).await;
+    assert_eq!(app.get("/v1/parents/D-held").await.body["counts"]["held"], 1);
+
+    assert_eq!(ids(&list(&app, "queue=dash&has=failed").await), ["D-failed"]);
+    assert_eq!(ids(&list(&app, "queue=dash&has=held").await), ["D-held"]);
+    assert_eq!(ids(&list(&app, "queue=dash&has=conflicts").await), ["D-conflict"]);
+    assert_eq!(
+        ids(&list(&app, "queue=dash&order=newest").await),
+        ["D-held", "D-conflict", "D-failed", "D-plain"]
+    );
+    assert_eq!(
+        ids(&list(&app, "queue=dash&order=oldest").await),
+        ["D-plain", "D-failed", "D-conflict", "D-held"]
+    );
+    // Newest first, in pages of one: each parent once.
+    let mut paged = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = list(&app, &format!("queue=dash&order=newest&limit=1{cursor}")).await;
+        paged.extend(ids(&page));
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, ["D-held", "D-conflict", "D-failed", "D-plain"]);
+
+    let failed_at = app_created(&app, "D-failed").await;
+    let conflict_at = app_created(&app, "D-conflict").await;
+    assert_eq!(
+        ids(&list(&app, &format!("queue=dash&created_after={failed_at}")).await),
+        ["D-conflict", "D-held"]
+    );
+    assert_eq!(
+        ids(&list(&app, &format!("queue=dash&created_before={conflict_at}")).await),
+        ["D-plain", "D-failed"]
+    );
+    assert_eq!(
+        ids(&list(
+            &app,
+            &format!("queue=dash&created_after={failed_at}&created_before={conflict_at}")
+        )
+        .await),
+        Vec::<String>::new()
+    );
+
+    for (query, field) in [
+        ("has=everything", "has"),
+        ("order=random", "order"),
+        ("created_after=yesterday", "created_after"),
+    ] {
+        let r = app.get(&format!("/v1/parents?{query}")).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{query}: {r:?}");
+        assert!(
+            r.body["detail"].as_str().unwrap_or_default().contains(field),
+            "{query}: {r:?}"
+        );
+    }
+}
+
+async fn app_created(app: &TestApp, id: &str) -> String {
+    app.get(&format!("/v1/parents/{id}")).await.body["created_at"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+both_stores!(lists_parents, dashboard_filters_and_fields);

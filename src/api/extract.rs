@@ -15,9 +15,14 @@ use crate::state::AppState;
 /// optional can be called without one.
 pub struct AppJson<T>(pub T);
 
+/// Bodies past this many bytes are decoded on a blocking thread: parsing a
+/// 64 MiB registration takes a second of CPU, which must not stall the
+/// async workers that answer everyone else (`/healthz` included).
+const DECODE_INLINE_BYTES: usize = 1024 * 1024;
+
 impl<T> FromRequest<AppState> for AppJson<T>
 where
-    T: DeserializeOwned,
+    T: DeserializeOwned + Send + 'static,
 {
     type Rejection = ApiError;
 
@@ -39,11 +44,9 @@ where
                 }
             }
         })?;
-        let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
+        if !bytes.iter().all(u8::is_ascii_whitespace) {
             match content_type.as_deref() {
-                Some(ct) if is_json(ct) => &bytes,
+                Some(ct) if is_json(ct) => {}
                 Some(ct) => {
                     return Err(ApiError::UnsupportedMediaType(format!(
                         "expected content-type application/json, got {ct:?}"
@@ -55,21 +58,39 @@ where
                     ));
                 }
             }
-        };
-        let value = super::validate::with_child_limit(state.limits.max_children_per_request, || parse_json(body))?;
-        // Serde also reads a struct from a JSON array of its members in order;
-        // the contract's bodies are objects, so nothing else is accepted.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::invalid("body", "must be a JSON object"));
         }
-        if has_nul_escape(body) {
-            return Err(ApiError::invalid(
-                nul_path(body),
-                "strings may not contain U+0000 (`\\u0000`): neither store can keep it",
-            ));
+        let max_children = state.limits.max_children_per_request;
+        if bytes.len() <= DECODE_INLINE_BYTES {
+            return decode(&bytes, max_children).map(AppJson);
         }
-        Ok(AppJson(value))
+        tokio::task::spawn_blocking(move || decode(&bytes, max_children))
+            .await
+            .map_err(|err| ApiError::Internal(anyhow::anyhow!("decoding a request body: {err}")))?
+            .map(AppJson)
     }
+}
+
+/// A request body as `T`: an empty body reads as `{}`; at most
+/// `max_children` children are read; only a JSON object, without U+0000.
+fn decode<T: DeserializeOwned>(bytes: &[u8], max_children: usize) -> Result<T, ApiError> {
+    let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let value = super::validate::with_child_limit(max_children, || parse_json(body))?;
+    // Serde also reads a struct from a JSON array of its members in order;
+    // the contract's bodies are objects, so nothing else is accepted.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid("body", "must be a JSON object"));
+    }
+    if has_nul_escape(body) {
+        return Err(ApiError::invalid(
+            nul_path(body),
+            "strings may not contain U+0000 (`\\u0000`): neither store can keep it",
+        ));
+    }
+    Ok(value)
 }
 
 /// Whether a JSON text has a `\u0000` escape inside a string (an escaped

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -21,7 +22,7 @@ use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
 use crate::ledger::{Appended, ExpiredLease, NewChild, Parent, ParentId, ParentState, QueueName, Registration};
 use crate::state::AppState;
-use crate::store::ParentFilter;
+use crate::store::{ParentFilter, ParentHas};
 use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -259,17 +260,35 @@ pub struct ListQuery {
     /// `next_cursor` of the previous page.
     #[param(pattern = "^[0-9]{1,18}$")]
     cursor: Option<String>,
+    /// Only parents with a `failed` child, a `held` child, or a child with
+    /// logged `conflicts`.
+    has: Option<ParentHas>,
+    /// `oldest` first (the default) or `newest` first.
+    order: Option<ListOrder>,
+    /// Only parents registered after this time (RFC 3339).
+    created_after: Option<DateTime<Utc>>,
+    /// Only parents registered before this time (RFC 3339).
+    created_before: Option<DateTime<Utc>>,
+}
+
+/// The order of a parent list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ListOrder {
+    #[default]
+    Oldest,
+    Newest,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ParentList {
-    /// Oldest first.
+    /// Oldest first (or newest first, with `order=newest`).
     pub parents: Vec<Parent>,
     /// Pass as `cursor` for the next page; `null` on the last page.
     pub next_cursor: Option<String>,
 }
 
-/// List parents, oldest first.
+/// List parents, oldest first (or newest first), filtered.
 #[utoipa::path(
     get,
     path = "/v1/parents",
@@ -306,6 +325,10 @@ async fn list_parents(
             within: caller.0.queues.clone(),
             after_position,
             limit,
+            has: query.has,
+            newest: query.order.unwrap_or_default() == ListOrder::Newest,
+            created_after: query.created_after,
+            created_before: query.created_before,
         })
         .await?;
     Ok(Json(ParentList {

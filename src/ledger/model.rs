@@ -48,6 +48,10 @@ pub struct Parent {
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
+    /// When an outcome was last recorded for one of its children (processed,
+    /// failed or skipped after registration; a lease run out of attempts
+    /// counts too); `null` until then. A dashboard's "stuck since".
+    pub last_progress_at: Option<DateTime<Utc>>,
     /// The retained parent payload; only with `?include=payload`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Value>)]
@@ -70,6 +74,7 @@ pub struct ParentRow {
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
+    pub last_progress_at: Option<DateTime<Utc>>,
 }
 
 impl ParentRow {
@@ -96,6 +101,7 @@ impl ParentRow {
             created_at: self.created_at,
             decomposed_at: self.decomposed_at,
             completed_at: self.completed_at,
+            last_progress_at: self.last_progress_at,
             payload: if include_payload { self.payload } else { None },
         }
     }

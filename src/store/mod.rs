@@ -148,9 +148,37 @@ pub struct ParentFilter {
     pub resumable: bool,
     /// Only parents of these queues (a token's reach).
     pub within: crate::access::QueueScope,
-    /// List parents after this position (exclusive).
+    /// List parents after this position (exclusive), in the list's order.
     pub after_position: Option<i64>,
     pub limit: i64,
+    /// Only parents with a failed child, a held child or a logged conflict.
+    pub has: Option<ParentHas>,
+    /// Newest first instead of oldest first.
+    pub newest: bool,
+    pub created_after: Option<chrono::DateTime<chrono::Utc>>,
+    pub created_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What a listed parent must have (`GET /v1/parents?has=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ParentHas {
+    /// A failed child.
+    Failed,
+    /// A held child (outcome unknown, waiting for a retry or an outcome).
+    Held,
+    /// A child with a logged conflict (a losing outcome write).
+    Conflicts,
+}
+
+impl ParentHas {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failed => "failed",
+            Self::Held => "held",
+            Self::Conflicts => "conflicts",
+        }
+    }
 }
 
 /// One page of parents; `next_position` is set when more may follow.

@@ -81,6 +81,7 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
         created_at: row.time("created_at")?,
         decomposed_at: row.opt_time("decomposed_at")?,
         completed_at: row.opt_time("completed_at")?,
+        last_progress_at: row.opt_time("last_progress_at")?,
     };
     let open = OpenCounts {
         pending: row.int("open_pending")?,

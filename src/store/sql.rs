@@ -81,6 +81,7 @@ pub(crate) static CHILD_BY_KEY: LazyLock<String> =
 /// A parent row's columns with its open counts, read from the partial indexes.
 pub(crate) const PARENT_SELECT: &str = "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
     p.expired_lease, p.priority, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
+    p.last_progress_at, \
     p.position, \
     (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') AS open_pending, \
     (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'in_flight') AS open_in_flight, \

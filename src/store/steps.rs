@@ -3,12 +3,12 @@
 //! module for its own database, pool and transaction types.
 
 /// Reads of parents and children, as `impl` methods of a backend store:
-/// `shared_reads!(PgStore, sqlx::Postgres, pool, "now()", sql::within_postgres)`
-/// reads through `self.pool`, with `now()` as the clock and the dialect's
-/// queue-scope fragment. sqlx sends each bound value's type, so the same `$N`
-/// text needs no casts on Postgres.
+/// `shared_reads!(PgStore, sqlx::Postgres, pool, "now()", sql::within_postgres, rows::time_param)`
+/// reads through `self.pool`, with `now()` as the clock, the dialect's
+/// queue-scope fragment and its way to bind a time. sqlx sends each bound
+/// value's type, so the same `$N` text needs no casts on Postgres.
 macro_rules! shared_reads {
-    ($store:ty, $db:ty, $pool:ident, $now:expr, $within:path) => {
+    ($store:ty, $db:ty, $pool:ident, $now:expr, $within:path, $time:path) => {
         impl $store {
             /// Up to `fetch` parents matching `filter`, with their list positions.
             pub async fn list_parents(
@@ -17,7 +17,7 @@ macro_rules! shared_reads {
                 fetch: i64,
             ) -> $crate::store::StoreResult<Vec<(i64, $crate::ledger::Parent)>> {
                 use sqlx::Row;
-                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                fn sql(after: &str, order: &str) -> String {
                     format!(
                         "{select} \
                          WHERE ($1 IS NULL OR p.queue = $1) \
@@ -25,24 +25,38 @@ macro_rules! shared_reads {
                                 OR ($2 = 'decomposing' AND p.decomposed_at IS NULL) \
                                 OR ($2 = 'active' AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL) \
                                 OR ($2 = 'complete' AND p.completed_at IS NOT NULL)) \
-                           AND ($3 IS NULL OR p.position > $3) \
+                           AND ($3 IS NULL OR p.position {after} $3) \
                            AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL AND EXISTS ( \
                                 SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
                                   AND (c.available_at IS NULL OR c.available_at <= {now})))) \
                            AND {within} \
-                         ORDER BY p.position LIMIT $5",
+                           AND ($7 IS NULL \
+                                OR ($7 = 'failed' AND p.failed > 0) \
+                                OR ($7 = 'held' AND EXISTS ( \
+                                    SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'held')) \
+                                OR ($7 = 'conflicts' AND EXISTS ( \
+                                    SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.conflict_count > 0))) \
+                           AND ($8 IS NULL OR p.created_at > $8) \
+                           AND ($9 IS NULL OR p.created_at < $9) \
+                         ORDER BY p.position {order} LIMIT $5",
                         select = $crate::store::sql::PARENT_SELECT,
                         now = $now,
                         within = $within("$6")
                     )
-                });
-                let rows = sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
+                }
+                static OLDEST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| sql(">", "ASC"));
+                static NEWEST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| sql("<", "DESC"));
+                let statement = if filter.newest { &NEWEST } else { &OLDEST };
+                let rows = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                     .bind(filter.queue.as_ref().map($crate::ledger::QueueName::as_str))
                     .bind(filter.state.map(|s| s.as_str()))
                     .bind(filter.after_position)
                     .bind(filter.resumable)
                     .bind(fetch)
                     .bind(filter.within.as_json())
+                    .bind(filter.has.map(|h| h.as_str()))
+                    .bind(filter.created_after.map($time))
+                    .bind(filter.created_before.map($time))
                     .fetch_all(&self.$pool)
                     .await?;
                 Ok(rows

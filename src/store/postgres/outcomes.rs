@@ -24,7 +24,7 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "bumped AS ( \
              UPDATE parent p SET processed = p.processed + d.processed, failed = p.failed + d.failed, \
-                 skipped = p.skipped + d.skipped, \
+                 skipped = p.skipped + d.skipped, last_progress_at = now(), \
                  completed_at = CASE WHEN p.completed_at IS NULL AND {} THEN now() ELSE p.completed_at END \
              FROM deltas d WHERE p.parent_id = d.parent_id \
              RETURNING p.parent_id, p.completed_at = now() \

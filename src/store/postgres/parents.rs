@@ -22,7 +22,14 @@ static REGISTER: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-steps::shared_reads!(PgStore, sqlx::Postgres, pool, "now()", sql::within_postgres);
+steps::shared_reads!(
+    PgStore,
+    sqlx::Postgres,
+    pool,
+    "now()",
+    sql::within_postgres,
+    rows::time_param
+);
 
 /// Locks a parent row; whether it is decomposed, `None` when it is missing.
 pub(in crate::store) async fn lock_decomposed(tx: &mut PgTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {

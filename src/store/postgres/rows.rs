@@ -24,3 +24,8 @@ impl LedgerRow for PgRow {
         self.try_get(column)
     }
 }
+
+/// A time as a statement parameter: Postgres compares `timestamptz` natively.
+pub(crate) fn time_param(time: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    time
+}

@@ -93,10 +93,12 @@ impl SqliteStore {
 pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Tally>) -> StoreResult<Vec<ParentId>> {
     let mut completed = Vec::new();
     for (parent_id, delta) in deltas {
-        sqlx::query(
-            "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4 \
-             WHERE parent_id = ?1",
-        )
+        sqlx::query(concat!(
+            "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
+             last_progress_at = ",
+            now!(),
+            " WHERE parent_id = ?1"
+        ))
         .bind(parent_id)
         .bind(delta.processed)
         .bind(delta.failed)

@@ -22,7 +22,14 @@ static REGISTER: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-steps::shared_reads!(SqliteStore, sqlx::Sqlite, readers, now!(), sql::within_sqlite);
+steps::shared_reads!(
+    SqliteStore,
+    sqlx::Sqlite,
+    readers,
+    now!(),
+    sql::within_sqlite,
+    rows::time_param
+);
 
 /// Whether a parent is decomposed, `None` when it is missing. The write
 /// transaction already holds SQLite's one write lock.

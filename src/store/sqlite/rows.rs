@@ -29,3 +29,9 @@ impl LedgerRow for SqliteRow {
             .transpose()
     }
 }
+
+/// A time as a statement parameter, written as the SQLite ledger writes its
+/// times (`now!()`: milliseconds, `Z`), so text comparison orders them.
+pub(crate) fn time_param(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
