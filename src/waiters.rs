@@ -106,16 +106,19 @@ impl Waiters {
     pub fn wait(self: &Arc<Self>, queue: &QueueName, parent: Option<&ParentId>, wants: u64) -> Waiting {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let bell = Arc::new(Notify::new());
+        let wants = wants.max(1);
         let entry = Entry {
             id,
             parent: parent.cloned(),
-            wants: wants.max(1),
+            wants,
             bell: Arc::clone(&bell),
         };
         self.lock().entry(queue.clone()).or_default().push_back(entry);
         Waiting {
             waiters: Arc::clone(self),
             queue: queue.clone(),
+            parent: parent.cloned(),
+            wants,
             id,
             bell,
         }
@@ -168,6 +171,8 @@ impl Waiters {
 pub struct Waiting {
     waiters: Arc<Waiters>,
     queue: QueueName,
+    parent: Option<ParentId>,
+    wants: u64,
     id: u64,
     bell: Arc<Notify>,
 }
@@ -176,6 +181,12 @@ impl Waiting {
     /// Resolves once this waiter is woken (at once if it already was).
     pub async fn woken(&self) {
         self.bell.notified().await;
+    }
+
+    /// A new place at the back of the same line, for the same work (a wake-up
+    /// took this one out of line).
+    pub fn again(&self) -> Waiting {
+        self.waiters.wait(&self.queue, self.parent.as_ref(), self.wants)
     }
 }
 
@@ -261,6 +272,23 @@ mod tests {
         assert!(was_woken(&stays).await);
         drop(stays);
         assert!(waiters.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_woken_waiter_goes_back_in_line_behind_the_others_for_the_same_work() {
+        let waiters = Arc::new(Waiters::default());
+        let first = waiters.wait(&queue("q"), Some(&parent("A")), 5);
+        let second = waiters.wait(&queue("q"), None, 1);
+        assert_eq!(waiters.wake(&Work::of_parent(queue("q"), parent("A"), 1)), 1);
+        assert!(was_woken(&first).await);
+        let first = first.again();
+        // Back at the end: the next child goes to `second`; another parent's
+        // child never goes to `first`.
+        assert_eq!(waiters.wake(&Work::of_parent(queue("q"), parent("B"), 1)), 1);
+        assert!(was_woken(&second).await);
+        assert!(!was_woken(&first).await);
+        assert_eq!(waiters.wake(&Work::of_parent(queue("q"), parent("A"), 1)), 1);
+        assert!(was_woken(&first).await);
     }
 
     #[test]

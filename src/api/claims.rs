@@ -23,6 +23,7 @@ use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
 use crate::state::AppState;
 use crate::store::{ChildRef, StoreError};
+use crate::waiters::Waiting;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -121,8 +122,8 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
     let (request, wait) = body.into_request(scope, &state.limits)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut shutdown = state.shutdown.subscribe();
-    let mut waiting: Option<(WaitingClaim, QueueName)> = None;
-    let mut place = None;
+    // Once it waits: its count among the waiting claims, and its place in line.
+    let mut waiting: Option<(WaitingClaim, Waiting)> = None;
     loop {
         let claimed = state.store.claim(&request).await?;
         let now = tokio::time::Instant::now();
@@ -134,33 +135,35 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
             }
             return Ok(Json(claimed.claim));
         }
-        let Some((_, queue)) = &waiting else {
+        let Some((_, place)) = &mut waiting else {
             // A bounded crowd waits: past `--max-waiting-claims`, come back later.
             let counted = WaitingClaim::join(&state)?;
             let queue = match &request.scope {
                 ClaimScope::Queue(queue) => queue.clone(),
-                ClaimScope::Parent(parent_id) => match state.store.queue_of(parent_id).await? {
-                    Some(queue) => queue,
-                    None => return Err(StoreError::ParentNotFound(parent_id.clone()).into()),
-                },
+                ClaimScope::Parent(parent_id) => state
+                    .store
+                    .queue_of(parent_id)
+                    .await?
+                    .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))?,
             };
             // In line before looking once more, so work that came in between still wakes us.
-            place = Some(state.waiters.wait(&queue, request.scope.parent(), request.limit as u64));
-            waiting = Some((counted, queue));
+            let place = state.waiters.wait(&queue, request.scope.parent(), request.limit as u64);
+            waiting = Some((counted, place));
             continue;
         };
         // Work is announced in this process and, through Postgres `NOTIFY`, by
         // every replica; in case an announcement is missed (the listener
-        // reconnecting), a waiting claim still looks again on its own.
+        // reconnecting), a waiting claim still looks again on its own, and
+        // keeps its place in line meanwhile.
         let recheck = Duration::from_millis(state.limits.wait_recheck_ms);
-        if let Some(place) = &place {
-            tokio::select! {
-                _ = tokio::time::timeout((deadline - now).min(recheck), place.woken()) => {}
-                _ = shutdown.wait_for(|stopping| *stopping) => {}
-            }
+        let woken = tokio::select! {
+            woken = tokio::time::timeout((deadline - now).min(recheck), place.woken()) => woken.is_ok(),
+            _ = shutdown.wait_for(|stopping| *stopping) => false,
+        };
+        if woken {
+            // A wake-up takes the waiter out of line: back in (at the back) before looking.
+            *place = place.again();
         }
-        // Back in line (at the back) before the next look.
-        place = Some(state.waiters.wait(queue, request.scope.parent(), request.limit as u64));
     }
 }
 
