@@ -259,24 +259,6 @@ pub fn storable_json(field: &str, text: &str) -> Result<(), ApiError> {
         .map_err(|e| ApiError::invalid(field, format!("cannot be stored: {e}")))
 }
 
-/// The size of a JSON value written compactly, counted without allocating it.
-pub fn json_bytes(value: &serde_json::Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing a Value to a sink that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
 /// Checks the size of a JSON value, in bytes.
 pub fn max_bytes(field: &str, len: usize, max: usize) -> Result<(), ApiError> {
     if len > max {
