@@ -174,19 +174,16 @@ pub struct Limits {
     pub max_response_bytes: usize,
 }
 
-/// Room a page's child needs besides its payload and result: its conflict log
-/// (20 entries of up to 1,000-character reasons) and other members.
-pub const PAGE_CHILD_ROOM: usize = 256 * 1024;
-
 impl Limits {
     /// Whether the limits agree: the largest child must fit in a response, or
     /// a claim or page could never hand it out.
     pub fn check(&self) -> anyhow::Result<()> {
-        let largest = self.max_payload_bytes + self.max_result_bytes + PAGE_CHILD_ROOM;
+        let room = crate::ledger::budget::PAGE_CHILD_ROOM;
+        let largest = self.max_payload_bytes + self.max_result_bytes + room;
         anyhow::ensure!(
             self.max_response_bytes >= largest,
             "--max-response-bytes {} is below the largest child a response may hold ({largest}: \
-             --max-payload-bytes + --max-result-bytes + {PAGE_CHILD_ROOM}); raise it or lower those",
+             --max-payload-bytes + --max-result-bytes + {room}); raise it or lower those",
             self.max_response_bytes
         );
         Ok(())

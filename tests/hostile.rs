@@ -449,22 +449,12 @@ async fn responses_stay_under_the_byte_cap(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(put.status(), StatusCode::CREATED);
-    let child = client
-        .get(format!("{base}/v1/parents/numbers/children/0"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    let parent = client
-        .get(format!("{base}/v1/parents/numbers?include=payload"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let get_bytes = |path: &str| {
+        let request = client.get(format!("{base}{path}"));
+        async move { request.send().await.unwrap().bytes().await.unwrap() }
+    };
+    let child = get_bytes("/v1/parents/numbers/children/0").await;
+    let parent = get_bytes("/v1/parents/numbers?include=payload").await;
     println!(
         "{backend:?}: a {} B payload of exponents reads back in a {} B child and a {} B parent",
         numbers.len(),

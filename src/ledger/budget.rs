@@ -23,6 +23,11 @@ pub fn largest_payload(children: &[NewChild]) -> i64 {
 /// A unit test serializes the largest possible one.
 pub const CLAIMED_CHILD_OVERHEAD: u64 = 2048;
 
+/// Room a page's child needs besides its payload and result: its conflict log
+/// (20 entries of up to 1,000-character reasons) and other members. The
+/// service refuses to start unless a response can hold the largest child.
+pub const PAGE_CHILD_ROOM: usize = 256 * 1024;
+
 /// Bytes of the response not taken by children (`claim_id`, `next_after`,
 /// brackets).
 pub const ENVELOPE: u64 = 256;
