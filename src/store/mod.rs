@@ -139,6 +139,26 @@ macro_rules! in_tx {
 }
 use in_tx;
 
+/// The Postgres server for the store's own unit tests (`LEDGER_TEST_DATABASE_URL`,
+/// or the local default); `None` when it does not answer and is not required
+/// (`LEDGER_REQUIRE_POSTGRES=1` or `CI=true` make that a failure).
+#[cfg(test)]
+pub(crate) async fn test_postgres_url() -> Option<String> {
+    use sqlx::Connection;
+    let url = std::env::var("LEDGER_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let required = std::env::var("LEDGER_REQUIRE_POSTGRES").is_ok_and(|v| v == "1" || v == "true")
+        || std::env::var("CI").is_ok_and(|v| v == "true");
+    match sqlx::PgConnection::connect(&url).await {
+        Ok(_) => Some(url),
+        Err(err) if !required => {
+            eprintln!("Postgres not reachable ({err}): a Postgres unit test is skipped");
+            None
+        }
+        Err(err) => panic!("Postgres is required but {url} does not answer: {err}"),
+    }
+}
+
 /// Filters of the parent list.
 #[derive(Debug, Clone, Default)]
 pub struct ParentFilter {

@@ -343,18 +343,10 @@ mod tests {
 
     #[tokio::test]
     async fn rules_agree_with_rust_on_postgres() {
-        let url = std::env::var("LEDGER_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let required = std::env::var("LEDGER_REQUIRE_POSTGRES").is_ok_and(|v| v == "1" || v == "true")
-            || std::env::var("CI").is_ok_and(|v| v == "true");
-        let mut conn = match sqlx::PgConnection::connect(&url).await {
-            Ok(conn) => conn,
-            Err(err) if !required => {
-                eprintln!("Postgres not reachable ({err}): the Postgres half of the rule test is skipped");
-                return;
-            }
-            Err(err) => panic!("Postgres is required but {url} does not answer: {err}"),
+        let Some(url) = crate::store::test_postgres_url().await else {
+            return;
         };
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
         let values: Vec<String> = tallies()
             .into_iter()
             .map(|(d, t, p, f, s)| format!("({d}, {t}::bigint, {p}::bigint, {f}::bigint, {s}::bigint)"))

@@ -4,7 +4,8 @@
 
 /// Reads of parents and children, as `impl` methods of a backend store:
 /// `shared_reads!(PgStore, sqlx::Postgres, pool, "now()", sql::within_postgres, rows::time_param)`
-/// reads through `self.pool`, with `now()` as the clock, the dialect's
+/// reads through `self.pool` (a scan through `self.read()`, whose statement
+/// ends if its request is dropped), with `now()` as the clock, the dialect's
 /// queue-scope fragment and its way to bind a time. sqlx sends each bound
 /// value's type, so the same `$N` text needs no casts on Postgres.
 macro_rules! shared_reads {
@@ -47,6 +48,7 @@ macro_rules! shared_reads {
                 static OLDEST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| sql(">", "ASC"));
                 static NEWEST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| sql("<", "DESC"));
                 let statement = if filter.newest { &NEWEST } else { &OLDEST };
+                let mut conn = self.read().await?;
                 let rows = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                     .bind(filter.queue.as_ref().map($crate::ledger::QueueName::as_str))
                     .bind(filter.state.map(|s| s.as_str()))
@@ -57,8 +59,9 @@ macro_rules! shared_reads {
                     .bind(filter.has.map(|h| h.as_str()))
                     .bind(filter.created_after.map($time))
                     .bind(filter.created_before.map($time))
-                    .fetch_all(&self.$pool)
+                    .fetch_all(&mut *conn)
                     .await?;
+                conn.finish().await?;
                 Ok(rows
                     .iter()
                     .map(|row| Ok((row.try_get::<i64, _>("position")?, rows::parent(row, false)?)))
@@ -82,13 +85,15 @@ macro_rules! shared_reads {
                         $crate::store::sql::CHILD_COLUMNS
                     )
                 });
+                let mut conn = self.read().await?;
                 let rows = sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
                     .bind(parent_id.as_str())
                     .bind(state.map($crate::ledger::ChildState::as_str))
                     .bind(after)
                     .bind(fetch)
-                    .fetch_all(&self.$pool)
+                    .fetch_all(&mut *conn)
                     .await?;
+                conn.finish().await?;
                 Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
             }
 
@@ -97,10 +102,12 @@ macro_rules! shared_reads {
                 parent_id: &$crate::ledger::ParentId,
                 include_payload: bool,
             ) -> $crate::store::StoreResult<Option<$crate::ledger::Parent>> {
+                let mut conn = self.read().await?;
                 let row = sqlx::query(sqlx::AssertSqlSafe($crate::store::sql::PARENT_BY_ID.as_str()))
                     .bind(parent_id.as_str())
-                    .fetch_optional(&self.$pool)
+                    .fetch_optional(&mut *conn)
                     .await?;
+                conn.finish().await?;
                 Ok(row.map(|row| rows::parent(&row, include_payload)).transpose()?)
             }
 

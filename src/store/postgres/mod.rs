@@ -4,20 +4,23 @@
 //! work notifications and planner statistics; the statements live by resource.
 
 pub(super) mod claims;
+mod held;
 pub(super) mod outcomes;
 pub(super) mod parents;
 pub(super) mod reconcile;
 mod rows;
 
+use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
 
 use super::{PoolStats, StoreOptions, StoreResult};
+use held::Held;
 
 /// The `LISTEN`/`NOTIFY` channel on which replicas wake each other's waiting claims.
 const WORK_CHANNEL: &str = "child_ledger_work";
 
-pub(super) type PgTx = Transaction<'static, Postgres>;
+/// A transaction on a held connection: dropped unfinished, its statement ends too.
+pub(super) type PgTx = Held;
 
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
@@ -40,6 +43,10 @@ impl PgStore {
             (
                 "idle_in_transaction_session_timeout",
                 format!("{}ms", 2 * options.statement_timeout.as_millis()),
+            ),
+            (
+                "client_connection_check_interval",
+                format!("{}ms", held::CLIENT_CHECK.as_millis()),
             ),
         ]);
         let pool = PgPoolOptions::new()
@@ -64,7 +71,13 @@ impl PgStore {
     }
 
     pub(super) async fn begin(&self) -> StoreResult<PgTx> {
-        Ok(self.pool.begin().await?)
+        Ok(Held::begin(&self.pool, "BEGIN").await?)
+    }
+
+    /// A connection for one read that may scan (a page of parents with their
+    /// counts, a drift page): its statement ends if the request is dropped.
+    pub(super) async fn read(&self) -> StoreResult<Held> {
+        Ok(Held::acquire(&self.pool).await?)
     }
 
     pub async fn ping(&self) -> StoreResult<()> {

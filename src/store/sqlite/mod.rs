@@ -5,6 +5,7 @@
 //! This file holds the pools; the statements live by resource.
 
 pub(super) mod claims;
+mod held;
 pub(super) mod outcomes;
 pub(super) mod parents;
 pub(super) mod reconcile;
@@ -16,10 +17,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::{PoolStats, StoreOptions, StoreResult};
+use held::Held;
 
 /// The database clock, as RFC 3339 UTC text with milliseconds.
 macro_rules! now {
@@ -32,7 +34,8 @@ macro_rules! now {
 }
 use now;
 
-pub(super) type SqliteTx = Transaction<'static, Sqlite>;
+/// A transaction on a held connection: dropped unfinished, its statement is interrupted.
+pub(super) type SqliteTx = Held;
 
 /// How long a write waits for its turn: for the writer connection, and for
 /// SQLite's file lock when another process writes the same file.
@@ -143,8 +146,12 @@ impl SqliteStore {
             .busy_timeout(WRITER_WAIT)
             .foreign_keys(true);
         let file = connect.get_filename();
-        let migration_lock = (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
-            .then(|| std::path::PathBuf::from(format!("{}-migrate.lock", file.display())));
+        // In memory (sqlx names such a database `file:sqlx-in-memory-N`) no
+        // other process can open it, and there is no directory to lock in.
+        let in_memory = file.as_os_str().is_empty()
+            || file == std::path::Path::new(":memory:")
+            || file.to_string_lossy().starts_with("file:sqlx-in-memory-");
+        let migration_lock = (!in_memory).then(|| std::path::PathBuf::from(format!("{}-migrate.lock", file.display())));
         // Writers queue here behind the one connection; a 100,000-child
         // registration holds it for seconds, which is no outage.
         let watchdog = Watchdog::new(options.statement_timeout);
@@ -169,7 +176,13 @@ impl SqliteStore {
     }
 
     pub(super) async fn begin(&self) -> StoreResult<SqliteTx> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(Held::begin(&self.writer, "BEGIN IMMEDIATE").await?)
+    }
+
+    /// A connection for one read that may scan (a page of parents with their
+    /// counts, a drift page): its statement ends if the request is dropped.
+    pub(super) async fn read(&self) -> StoreResult<Held> {
+        Ok(Held::acquire(&self.readers).await?)
     }
 
     /// Applies the migrations. Two processes starting on one new file would

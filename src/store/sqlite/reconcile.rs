@@ -38,13 +38,15 @@ impl SqliteStore {
                 within = sql::within_sqlite("?4")
             )
         });
+        let mut conn = self.read().await?;
         let rows: Vec<DriftRow> = sqlx::query_as(AssertSqlSafe(SQL.as_str()))
             .bind(after)
             .bind(queue.map(QueueName::as_str))
             .bind(page)
             .bind(within.as_json())
-            .fetch_all(&self.readers)
+            .fetch_all(&mut *conn)
             .await?;
+        conn.finish().await?;
         Ok(DriftPage::from_rows(rows, page))
     }
 }
