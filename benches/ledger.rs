@@ -24,6 +24,8 @@ struct Args {
     quick: bool,
     /// Only the fresh-database drain and the peers (to iterate on that comparison).
     fresh_only: bool,
+    /// Only the dashboard scenarios.
+    dashboard_only: bool,
     json: Option<PathBuf>,
     admin_url: String,
     peers: bool,
@@ -33,6 +35,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         quick: false,
         fresh_only: false,
+        dashboard_only: false,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned()),
@@ -44,6 +47,7 @@ fn parse_args() -> Args {
             "--quick" => args.quick = true,
             "--no-peers" => args.peers = false,
             "--fresh-only" => args.fresh_only = true,
+            "--dashboard-only" => args.dashboard_only = true,
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
             // cargo bench passes --bench; ignore anything else it adds.
@@ -963,6 +967,133 @@ async fn fresh_against_peers(args: &Args, sizes: &Sizes) {
     print_table(&scenarios);
 }
 
+/// The median time of `samples` GETs of `path`, in ms.
+async fn median_get_ms(client: &reqwest::Client, base: &str, path: &str, samples: usize) -> f64 {
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        let r = client.get(format!("{base}{path}")).send().await.unwrap();
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.bytes().await.unwrap();
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    times[samples / 2]
+}
+
+/// What a dashboard reads: the queue list, one queue, one parent.
+const DASHBOARD_READS: [(&str, &str); 3] = [
+    ("queue_list", "/v1/queues"),
+    ("queue", "/v1/queues/dash"),
+    ("parent", "/v1/parents/{parent}"),
+];
+
+/// The median of each dashboard read with a 1,000-child parent in the ledger,
+/// then with a parent of `big` pending children beside it in the same queue
+/// (the parent read: the big parent's). Reads come from projections, so the
+/// ratios stay near 1 (target <= 2).
+async fn dashboard_reads(admin_url: &str, big: usize) -> Vec<Scenario> {
+    const SAMPLES: usize = 200;
+    let client = reqwest::Client::new();
+    let db = ScratchDb::create(admin_url, "dash").await;
+    let service = Service::start(&db.url).await;
+    register(&client, &service.base, "small", "dash", 1_000).await;
+    let mut small = Vec::new();
+    for (name, path) in DASHBOARD_READS {
+        let path = path.replace("{parent}", "small");
+        median_get_ms(&client, &service.base, &path, 20).await;
+        small.push((name, median_get_ms(&client, &service.base, &path, SAMPLES).await));
+    }
+    eprintln!("dashboard reads: registering {big} pending children ...");
+    register(&client, &service.base, "big", "dash", big).await;
+    let mut scenarios = Vec::new();
+    for ((name, path), (_, small_ms)) in DASHBOARD_READS.into_iter().zip(small) {
+        let path = path.replace("{parent}", "big");
+        median_get_ms(&client, &service.base, &path, 20).await;
+        let big_ms = median_get_ms(&client, &service.base, &path, SAMPLES).await;
+        scenarios.push(
+            Scenario::new(
+                &format!("dashboard.{name}"),
+                &format!("ms (median, {big} pending)"),
+                big_ms,
+            )
+            .against("ms (median, 1,000 pending)", small_ms)
+            .target("<= 2.0"),
+        );
+    }
+    service.stop().await;
+    db.drop_now().await;
+    scenarios
+}
+
+/// A burn-down of `n` alone, then on a fresh database again with four
+/// dashboards polling beside it (each every 250 ms: the queue list, the
+/// queue, the parent, the queue's parents and its failed children). Returns
+/// the burn-down ratio (target >= 0.9) and the reads' latency meanwhile.
+async fn dashboard_beside_burn_down(admin_url: &str, n: usize) -> Vec<Scenario> {
+    let run = |tag: &'static str, dashboards: usize| async move {
+        let client = reqwest::Client::new();
+        let db = ScratchDb::create(admin_url, tag).await;
+        let service = Service::start(&db.url).await;
+        register(&client, &service.base, "burn", "dq", n).await;
+        settle(&db.url).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads: Arc<Mutex<Vec<f64>>> = Arc::default();
+        let pollers: Vec<_> = (0..dashboards)
+            .map(|_| {
+                let (client, base, stop, reads) = (client.clone(), service.base.clone(), stop.clone(), reads.clone());
+                tokio::spawn(async move {
+                    let paths = [
+                        "/v1/queues",
+                        "/v1/queues/dq",
+                        "/v1/parents/burn",
+                        "/v1/parents?queue=dq",
+                        "/v1/children?queue=dq&state=failed",
+                    ];
+                    while !stop.load(Ordering::Relaxed) {
+                        for path in paths {
+                            let started = Instant::now();
+                            let r = client.get(format!("{base}{path}")).send().await.unwrap();
+                            assert!(r.status().is_success(), "GET {path}: {}", r.status());
+                            r.bytes().await.unwrap();
+                            reads.lock().unwrap().push(started.elapsed().as_secs_f64() * 1000.0);
+                        }
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                })
+            })
+            .collect();
+        let rate = burn_down_http(&service.base, &parent_paths("burn", WORKERS), 100, n as u64).await;
+        stop.store(true, Ordering::Relaxed);
+        for poller in pollers {
+            poller.await.unwrap();
+        }
+        service.stop().await;
+        db.drop_now().await;
+        let mut reads = std::mem::take(&mut *reads.lock().unwrap());
+        reads.sort_by(f64::total_cmp);
+        (rate, reads)
+    };
+    eprintln!("dashboards beside a burn-down of {n} ...");
+    let (alone, _) = run("dashalone", 0).await;
+    let (beside, reads) = run("dashbeside", 4).await;
+    let at = |q: f64| reads.get(((reads.len() as f64 * q) as usize).min(reads.len().saturating_sub(1)));
+    vec![
+        Scenario::new("dashboard.beside_burn_down", "children/s", beside)
+            .against("the same burn-down, no dashboards", alone)
+            .target(">= 0.9"),
+        Scenario::new(
+            "dashboard.reads_during_burn_down",
+            &format!(
+                "ms p50 of {} reads (p99 {:.1} ms)",
+                reads.len(),
+                at(0.99).copied().unwrap_or(0.0)
+            ),
+            at(0.5).copied().unwrap_or(0.0),
+        ),
+    ]
+}
+
 #[tokio::main]
 async fn main() {
     let args = parse_args();
@@ -978,6 +1109,11 @@ async fn main() {
 
     if args.fresh_only {
         return fresh_against_peers(&args, &sizes).await;
+    }
+    if args.dashboard_only {
+        let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
+        scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
+        return print_table(&scenarios);
     }
 
     // --- Postgres: registration, burn-downs, hot parent ---------------------
@@ -1234,6 +1370,10 @@ async fn main() {
     ));
     peak_rss = peak_rss.max(service.stop().await);
     db.drop_now().await;
+
+    // --- Dashboards: reads that do not grow with the ledger ---------------------
+    scenarios.extend(dashboard_reads(&args.admin_url, huge).await);
+    scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
 
     // --- Peers on the same Postgres -------------------------------------------
     if args.peers {

@@ -1,14 +1,28 @@
-//! Prometheus metrics, kept in process and rendered as text at `/metrics`.
+//! Prometheus metrics, kept in process with the Prometheus project's client
+//! (`prometheus-client`) and rendered at `/metrics` in the Prometheus text
+//! format 0.0.4.
 //!
-//! Counters are keyed by their label values; a request takes one short lock
-//! per family it touches. Pool gauges are read from the store when rendered.
+//! What this process counts lives in one registry built at start; what the
+//! store knows (pools, sweeps, per-queue children) is read when rendered and
+//! encoded from a registry built for that one scrape.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::collections::HashSet;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
 use crate::store::PoolStats;
+
+/// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text
+/// format 0.0.4, which every Prometheus scrapes.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// How many queue label values are kept by default (`--max-metric-queues`).
 pub const DEFAULT_MAX_QUEUES: usize = 100;
@@ -21,31 +35,6 @@ const BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    /// Observations at or below each bound (not cumulative until rendered).
-    buckets: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
-impl Histogram {
-    fn observe(&mut self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|&bound| seconds <= bound) {
-            self.buckets[i] += 1;
-        }
-        self.count += 1;
-        self.sum += seconds;
-    }
-}
-
-/// What one method and route template answered: counts by status, and times.
-#[derive(Debug, Default)]
-struct RouteStats {
-    statuses: BTreeMap<u16, u64>,
-    duration: Histogram,
-}
-
 /// The long polls of this process: waiting now, and woken since it started.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct WaitingClaims {
@@ -53,16 +42,73 @@ pub struct WaitingClaims {
     pub woken_total: u64,
 }
 
+/// The children of one queue as the store counts them, for the per-queue gauges.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct QueueGauge {
+    pub queue: String,
+    pub pending: i64,
+    pub in_flight: i64,
+    pub held: i64,
+    /// How long the oldest pending child has waited; `None` when none is pending.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: &'static str,
+    route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+type DurationFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
 #[derive(Debug)]
 pub struct Metrics {
-    /// By method, then route template: one lock and, once a route has been
-    /// seen, no allocation per request.
-    routes: Mutex<BTreeMap<&'static str, BTreeMap<String, RouteStats>>>,
-    claimed: Mutex<BTreeMap<String, u64>>,
-    /// Most queue label values kept; later queues are counted as `other`.
+    /// Everything below, registered once; encoded at every scrape.
+    registry: Registry,
+    requests: Family<(RouteLabels, StatusLabel), Counter>,
+    durations: DurationFamily,
+    claimed: Family<QueueLabel, Counter>,
+    /// Queues that have their own label in `claimed`; later ones count as `other`.
+    claimed_queues: Mutex<HashSet<String>>,
+    /// Most queue label values kept.
     max_queues: usize,
-    outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-    auth_failures: Mutex<BTreeMap<&'static str, u64>>,
+    outcomes: Family<OutcomeLabels, Counter>,
+    auth_failures: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -92,24 +138,58 @@ impl Metrics {
             "CONNECT" => "CONNECT",
             _ => "OTHER",
         };
-        let mut routes = lock(&self.routes);
-        let by_route = routes.entry(method).or_default();
-        let stats = match by_route.get_mut(route) {
-            Some(stats) => stats,
-            None => by_route.entry(route.to_owned()).or_default(),
+        let route = RouteLabels {
+            method,
+            route: route.to_owned(),
         };
-        *stats.statuses.entry(status).or_default() += 1;
-        stats.duration.observe(elapsed.as_secs_f64());
+        self.durations.get_or_create(&route).observe(elapsed.as_secs_f64());
+        self.requests.get_or_create(&(route, StatusLabel { status })).inc();
     }
 
     /// Metrics whose queue label takes at most `max_queues` values besides `other`.
     pub fn with_max_queues(max_queues: usize) -> Self {
+        // Counters are named without `_total` and help texts without their
+        // final full stop: the encoder adds both.
+        let mut registry = Registry::default();
+        let requests = Family::default();
+        registry.register(
+            "child_ledger_http_requests",
+            "HTTP requests answered, by method, route template and status",
+            Family::clone(&requests),
+        );
+        let durations = DurationFamily::new_with_constructor(duration_histogram);
+        registry.register(
+            "child_ledger_http_request_duration_seconds",
+            "Time from request to response, by method and route template",
+            durations.clone(),
+        );
+        let claimed = Family::default();
+        registry.register(
+            "child_ledger_children_claimed",
+            "Children handed out by claims, by the queue of their parent",
+            Family::clone(&claimed),
+        );
+        let outcomes = Family::default();
+        registry.register(
+            "child_ledger_outcomes",
+            "Outcome writes, by outcome and by what became of them (applied, duplicate, conflict, claim_mismatch, not_found, not_decomposed)",
+            Family::clone(&outcomes),
+        );
+        let auth_failures = Family::default();
+        registry.register(
+            "child_ledger_auth_failures",
+            "Requests refused by access control, by reason (missing, malformed, unknown, forbidden, outside_queues)",
+            Family::clone(&auth_failures),
+        );
         Self {
-            routes: Mutex::default(),
-            claimed: Mutex::default(),
+            registry,
+            requests,
+            durations,
+            claimed,
+            claimed_queues: Mutex::default(),
             max_queues: max_queues.max(1),
-            outcomes: Mutex::default(),
-            auth_failures: Mutex::default(),
+            outcomes,
+            auth_failures,
         }
     }
 
@@ -120,209 +200,132 @@ impl Metrics {
         if children == 0 {
             return;
         }
-        let mut claimed = lock(&self.claimed);
-        let label = if claimed.contains_key(queue) || claimed.len() < self.max_queues {
-            queue
-        } else {
-            OTHER_QUEUES
+        let label = {
+            let mut seen = lock(&self.claimed_queues);
+            if seen.contains(queue) {
+                queue
+            } else if seen.len() < self.max_queues {
+                seen.insert(queue.to_owned());
+                queue
+            } else {
+                OTHER_QUEUES
+            }
         };
-        *claimed.entry(label.to_owned()).or_default() += children as u64;
+        self.claimed
+            .get_or_create(&QueueLabel {
+                queue: label.to_owned(),
+            })
+            .inc_by(children as u64);
     }
 
     /// One outcome write and what became of it (`applied`, `duplicate`, ...).
     pub fn outcome(&self, outcome: &'static str, status: &'static str) {
-        *lock(&self.outcomes).entry((outcome, status)).or_default() += 1;
+        self.outcomes.get_or_create(&OutcomeLabels { outcome, status }).inc();
     }
 
     /// A request refused by access control, by why (`missing`, `malformed`,
     /// `unknown`, `forbidden`, `outside_queues`): a fixed set, never the token.
     pub fn auth_failure(&self, reason: &'static str) {
-        *lock(&self.auth_failures).entry(reason).or_default() += 1;
+        self.auth_failures.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Prometheus text exposition format 0.0.4.
+    /// Prometheus text exposition format 0.0.4 ([`CONTENT_TYPE`]).
     /// `leases_expired` is the store's count of children whose lease ran out
     /// and were swept back to pending (or held, or failed) by this process;
     /// `parents_completed` its count of parents this process completed;
-    /// `claims` the long polls waiting now and woken so far.
+    /// `claims` the long polls waiting now and woken so far; `queues` the
+    /// store's per-queue children, of which the first `max_queues` by name
+    /// are shown.
     pub fn render(
         &self,
         pools: &[PoolStats],
         leases_expired: u64,
         parents_completed: u64,
         claims: WaitingClaims,
+        queues: &[QueueGauge],
     ) -> String {
-        let mut out = String::with_capacity(4096);
-        family(
-            &mut out,
-            "child_ledger_http_requests_total",
-            "counter",
-            "HTTP requests answered, by method, route template and status.",
+        let mut scrape = Registry::default();
+        scrape.register(
+            "child_ledger_leases_expired",
+            "Children whose lease ran out, swept by this process",
+            ConstCounter::new(leases_expired),
         );
-        let routes = lock(&self.routes);
-        let each_route = || {
-            routes
-                .iter()
-                .flat_map(|(method, by_route)| by_route.iter().map(move |(route, stats)| (method, route, stats)))
-        };
-        for (method, route, stats) in each_route() {
-            for (status, n) in &stats.statuses {
-                let _ = writeln!(
-                    out,
-                    "child_ledger_http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {n}",
-                    escape(route)
-                );
-            }
-        }
-
-        family(
-            &mut out,
-            "child_ledger_http_request_duration_seconds",
-            "histogram",
-            "Time from request to response, by method and route template.",
+        scrape.register(
+            "child_ledger_parents_completed",
+            "Parents whose completion this process committed (an outcome, a sweep, a seal, a reconcile)",
+            ConstCounter::new(parents_completed),
         );
-        for (method, route, stats) in each_route() {
-            let h = &stats.duration;
-            let labels = format!("method=\"{method}\",route=\"{}\"", escape(route));
-            let mut cumulative = 0;
-            for (bound, n) in BUCKETS.iter().zip(h.buckets) {
-                cumulative += n;
-                let _ = writeln!(
-                    out,
-                    "child_ledger_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "child_ledger_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "child_ledger_http_request_duration_seconds_sum{{{labels}}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "child_ledger_http_request_duration_seconds_count{{{labels}}} {}",
-                h.count
-            );
-        }
-        drop(routes);
-
-        family(
-            &mut out,
-            "child_ledger_children_claimed_total",
-            "counter",
-            "Children handed out by claims, by the queue of their parent.",
-        );
-        for (queue, n) in lock(&self.claimed).iter() {
-            let _ = writeln!(
-                out,
-                "child_ledger_children_claimed_total{{queue=\"{}\"}} {n}",
-                escape(queue)
-            );
-        }
-
-        family(
-            &mut out,
-            "child_ledger_outcomes_total",
-            "counter",
-            "Outcome writes, by outcome and by what became of them (applied, duplicate, conflict, claim_mismatch, not_found, not_decomposed).",
-        );
-        for ((outcome, status), n) in lock(&self.outcomes).iter() {
-            let _ = writeln!(
-                out,
-                "child_ledger_outcomes_total{{outcome=\"{outcome}\",status=\"{status}\"}} {n}"
-            );
-        }
-
-        family(
-            &mut out,
-            "child_ledger_auth_failures_total",
-            "counter",
-            "Requests refused by access control, by reason (missing, malformed, unknown, forbidden, outside_queues).",
-        );
-        for (reason, n) in lock(&self.auth_failures).iter() {
-            let _ = writeln!(out, "child_ledger_auth_failures_total{{reason=\"{reason}\"}} {n}");
-        }
-
-        family(
-            &mut out,
-            "child_ledger_leases_expired_total",
-            "counter",
-            "Children whose lease ran out, swept by this process.",
-        );
-        let _ = writeln!(out, "child_ledger_leases_expired_total {leases_expired}");
-
-        family(
-            &mut out,
-            "child_ledger_parents_completed_total",
-            "counter",
-            "Parents whose completion this process committed (an outcome, a sweep, a seal, a reconcile).",
-        );
-        let _ = writeln!(out, "child_ledger_parents_completed_total {parents_completed}");
-
-        family(
-            &mut out,
+        scrape.register(
             "child_ledger_waiting_claims",
-            "gauge",
-            "Long-poll claims waiting for work in this process now.",
+            "Long-poll claims waiting for work in this process now",
+            ConstGauge::new(claims.waiting),
         );
-        let _ = writeln!(out, "child_ledger_waiting_claims {}", claims.waiting);
-        family(
-            &mut out,
-            "child_ledger_claim_wakeups_total",
-            "counter",
-            "Waiting claims woken by new work (as many as the work covers, not all of them).",
+        scrape.register(
+            "child_ledger_claim_wakeups",
+            "Waiting claims woken by new work (as many as the work covers, not all of them)",
+            ConstCounter::new(claims.woken_total),
         );
-        let _ = writeln!(out, "child_ledger_claim_wakeups_total {}", claims.woken_total);
 
-        family(
-            &mut out,
+        let connections = Family::<(PoolLabel, StateLabel), Gauge>::default();
+        let max_connections = Family::<PoolLabel, Gauge>::default();
+        for pool in pools {
+            let label = PoolLabel { pool: pool.name };
+            let by_state = |state| (label.clone(), StateLabel { state });
+            connections.get_or_create(&by_state("idle")).set(pool.idle.into());
+            connections
+                .get_or_create(&by_state("in_use"))
+                .set(pool.size.saturating_sub(pool.idle).into());
+            max_connections.get_or_create(&label).set(pool.max.into());
+        }
+        scrape.register(
             "child_ledger_db_pool_connections",
-            "gauge",
-            "Open database connections, by pool and state (idle or in use).",
+            "Open database connections, by pool and state (idle or in use)",
+            connections,
         );
-        for pool in pools {
-            let _ = writeln!(
-                out,
-                "child_ledger_db_pool_connections{{pool=\"{}\",state=\"idle\"}} {}",
-                pool.name, pool.idle
-            );
-            let _ = writeln!(
-                out,
-                "child_ledger_db_pool_connections{{pool=\"{}\",state=\"in_use\"}} {}",
-                pool.name,
-                pool.size.saturating_sub(pool.idle)
-            );
-        }
-        family(
-            &mut out,
+        scrape.register(
             "child_ledger_db_pool_max_connections",
-            "gauge",
-            "The most connections each pool opens.",
+            "The most connections each pool opens",
+            max_connections,
         );
-        for pool in pools {
-            let _ = writeln!(
-                out,
-                "child_ledger_db_pool_max_connections{{pool=\"{}\"}} {}",
-                pool.name, pool.max
-            );
+
+        let mut shown: Vec<&QueueGauge> = queues.iter().collect();
+        shown.sort_by(|a, b| a.queue.cmp(&b.queue));
+        shown.truncate(self.max_queues);
+        let children = Family::<(QueueLabel, StateLabel), Gauge>::default();
+        let oldest = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+        for gauge in shown {
+            let label = QueueLabel {
+                queue: gauge.queue.clone(),
+            };
+            for (state, n) in [
+                ("pending", gauge.pending),
+                ("in_flight", gauge.in_flight),
+                ("held", gauge.held),
+            ] {
+                children.get_or_create(&(label.clone(), StateLabel { state })).set(n);
+            }
+            if let Some(age) = gauge.oldest_pending_age_seconds {
+                oldest.get_or_create(&label).set(age);
+            }
         }
+        scrape.register(
+            "child_ledger_queue_children",
+            "Children of each queue not yet terminal, by state (pending, in_flight, held), as the store counts them",
+            children,
+        );
+        scrape.register(
+            "child_ledger_queue_oldest_pending_age_seconds",
+            "How long the oldest pending child of each queue has waited; absent while none is pending",
+            oldest,
+        );
+
+        let mut out = String::with_capacity(4096);
+        // Writing to a String cannot fail, and nothing here is of a kind the
+        // text format refuses (native-only histograms).
+        prometheus_text::encode(&mut out, &self.registry).expect("metrics encode as text");
+        prometheus_text::encode(&mut out, &scrape).expect("metrics encode as text");
         out
     }
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-/// Escapes a label value (routes and queues are already restricted, but a
-/// label must never break the exposition format).
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -340,7 +343,7 @@ mod tests {
                 Duration::from_secs_f64(ms / 1000.0),
             );
         }
-        let text = metrics.render(&[], 0, 0, WaitingClaims::default());
+        let text = metrics.render(&[], 0, 0, WaitingClaims::default(), &[]);
         let bucket = |le: &str| {
             let prefix = format!(
                 "child_ledger_http_request_duration_seconds_bucket{{method=\"GET\",route=\"/v1/parents/{{parent_id}}\",le=\"{le}\"}} "
@@ -388,6 +391,7 @@ mod tests {
                 waiting: 3,
                 woken_total: 7,
             },
+            &[],
         );
         for line in [
             "child_ledger_children_claimed_total{queue=\"events\"} 3",
@@ -399,9 +403,143 @@ mod tests {
             "child_ledger_db_pool_connections{pool=\"postgres\",state=\"idle\"} 2",
             "child_ledger_db_pool_connections{pool=\"postgres\",state=\"in_use\"} 3",
             "child_ledger_db_pool_max_connections{pool=\"postgres\"} 16",
+            "child_ledger_waiting_claims 3",
+            "child_ledger_claim_wakeups_total 7",
             "# TYPE child_ledger_http_request_duration_seconds histogram",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+    }
+
+    /// Dashboards and alerts name these families: names, types and help
+    /// (one full stop, added by the registry) stay as they were.
+    #[test]
+    fn families_keep_their_names_types_and_help() {
+        let metrics = Metrics::default();
+        metrics.request("GET", "/healthz", 200, Duration::ZERO);
+        metrics.claimed("events", 1);
+        metrics.outcome("processed", "applied");
+        metrics.auth_failure("missing");
+        let pools = [PoolStats {
+            name: "sqlite_writer",
+            size: 1,
+            idle: 1,
+            max: 1,
+        }];
+        let queues = [QueueGauge {
+            queue: "events".to_owned(),
+            oldest_pending_age_seconds: Some(1.0),
+            ..QueueGauge::default()
+        }];
+        let text = metrics.render(&pools, 0, 0, WaitingClaims::default(), &queues);
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        assert_eq!(
+            types,
+            [
+                "# TYPE child_ledger_http_requests_total counter",
+                "# TYPE child_ledger_http_request_duration_seconds histogram",
+                "# TYPE child_ledger_children_claimed_total counter",
+                "# TYPE child_ledger_outcomes_total counter",
+                "# TYPE child_ledger_auth_failures_total counter",
+                "# TYPE child_ledger_leases_expired_total counter",
+                "# TYPE child_ledger_parents_completed_total counter",
+                "# TYPE child_ledger_waiting_claims gauge",
+                "# TYPE child_ledger_claim_wakeups_total counter",
+                "# TYPE child_ledger_db_pool_connections gauge",
+                "# TYPE child_ledger_db_pool_max_connections gauge",
+                "# TYPE child_ledger_queue_children gauge",
+                "# TYPE child_ledger_queue_oldest_pending_age_seconds gauge",
+            ]
+        );
+        assert!(
+            text.lines()
+                .any(|l| l == "# HELP child_ledger_http_requests_total HTTP requests answered, by method, route template and status."),
+            "{text}"
+        );
+        for help in text.lines().filter(|l| l.starts_with("# HELP ")) {
+            assert!(help.ends_with('.') && !help.ends_with(".."), "{help}");
+        }
+        assert!(
+            !text.contains("# EOF"),
+            "OpenMetrics, not the 0.0.4 text format:\n{text}"
+        );
+    }
+
+    #[test]
+    fn claimed_queues_past_the_limit_count_as_other() {
+        let metrics = Metrics::with_max_queues(2);
+        for queue in ["a", "b", "c", "d", "a"] {
+            metrics.claimed(queue, 1);
+        }
+        let text = metrics.render(&[], 0, 0, WaitingClaims::default(), &[]);
+        let mut claimed: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("child_ledger_children_claimed_total{"))
+            .collect();
+        claimed.sort_unstable();
+        assert_eq!(
+            claimed,
+            [
+                "child_ledger_children_claimed_total{queue=\"a\"} 2",
+                "child_ledger_children_claimed_total{queue=\"b\"} 1",
+                "child_ledger_children_claimed_total{queue=\"other\"} 2",
+            ]
+        );
+    }
+
+    #[test]
+    fn queue_gauges_render_by_queue_and_state() {
+        let queues = [
+            QueueGauge {
+                queue: "events".to_owned(),
+                pending: 4,
+                in_flight: 2,
+                held: 1,
+                oldest_pending_age_seconds: Some(12.5),
+            },
+            QueueGauge {
+                queue: "billing".to_owned(),
+                pending: 0,
+                in_flight: 3,
+                held: 0,
+                oldest_pending_age_seconds: None,
+            },
+        ];
+        let text = Metrics::default().render(&[], 0, 0, WaitingClaims::default(), &queues);
+        let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with("child_ledger_queue_")).collect();
+        lines.sort_unstable();
+        assert_eq!(
+            lines,
+            [
+                "child_ledger_queue_children{queue=\"billing\",state=\"held\"} 0",
+                "child_ledger_queue_children{queue=\"billing\",state=\"in_flight\"} 3",
+                "child_ledger_queue_children{queue=\"billing\",state=\"pending\"} 0",
+                "child_ledger_queue_children{queue=\"events\",state=\"held\"} 1",
+                "child_ledger_queue_children{queue=\"events\",state=\"in_flight\"} 2",
+                "child_ledger_queue_children{queue=\"events\",state=\"pending\"} 4",
+                // No pending child in billing: no age, rather than a made-up 0.
+                "child_ledger_queue_oldest_pending_age_seconds{queue=\"events\"} 12.5",
+            ],
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn queue_gauges_show_the_first_queues_by_name() {
+        let queue = |name: &str| QueueGauge {
+            queue: name.to_owned(),
+            pending: 1,
+            ..QueueGauge::default()
+        };
+        let queues = [queue("c"), queue("a"), queue("b")];
+        let text = Metrics::with_max_queues(2).render(&[], 0, 0, WaitingClaims::default(), &queues);
+        let mut shown: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("child_ledger_queue_children{queue=\""))
+            .filter_map(|l| l.split('"').next())
+            .collect();
+        shown.sort_unstable();
+        shown.dedup();
+        assert_eq!(shown, ["a", "b"]);
     }
 }

@@ -244,7 +244,117 @@ async fn sweep_repairs_only_drifted_parents(backend: Backend) {
     assert!(swept_ids(&report).is_empty(), "{report}");
 }
 
+/// The open counts a read shows (pending, in flight, held) are kept by the
+/// statements that move children, never counted per read: after every kind
+/// of transition they equal the rows, and reconcile finds nothing to repair.
+async fn open_counts_follow_every_transition(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let check = |parent: &'static str, step: &'static str| {
+        let app = &app;
+        async move {
+            let counts = get_parent(app, parent).await["counts"].clone();
+            for state in ["pending", "in_flight", "held"] {
+                let rows = app
+                    .count(&format!(
+                        "SELECT count(*) FROM child WHERE parent_id = '{parent}' AND state = '{state}'"
+                    ))
+                    .await;
+                assert_eq!(counts[state], rows, "{parent} after {step}: {state} of {counts}");
+            }
+            let report = reconcile(app, parent, true).await;
+            assert!(changes(&report).is_empty(), "{parent} after {step}: {report}");
+        }
+    };
+    for (parent, policy, max_attempts) in [
+        ("P-open-retry", "retry", 3),
+        ("P-open-hold", "hold", 3),
+        ("P-open-fail", "retry", 1),
+    ] {
+        let r = app
+            .put(
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": "open", "children": children(10), "expired_lease": policy, "max_attempts": max_attempts}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        check(parent, "registration").await;
+
+        let r = app
+            .post(
+                &format!("/v1/parents/{parent}/claims"),
+                json!({"limit": 6, "lease_seconds": 300}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        let first = r.body["claim_id"].as_str().unwrap().to_owned();
+        check(parent, "a claim").await;
+
+        let r = app
+            .post(
+                &format!("/v1/claims/{first}/release"),
+                json!({"children": [{"parent_id": parent, "sequence": 0}, {"parent_id": parent, "sequence": 1}]}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        check(parent, "a release").await;
+
+        outcome(&app, parent, 2, "processed", &first).await;
+        outcome(&app, parent, 3, "failed", &first).await;
+        check(parent, "outcomes of in-flight children").await;
+
+        let r = app
+            .post(
+                &format!("/v1/parents/{parent}/children/9/outcome"),
+                json!({"outcome": "skipped", "reason": "not needed"}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        check(parent, "an outcome of a pending child").await;
+
+        // Sequences 4 and 5 are still leased: their lease runs out.
+        app.expire_claim(&first).await;
+        let r = app
+            .post(
+                &format!("/v1/parents/{parent}/claims"),
+                json!({"limit": 1, "lease_seconds": 300}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        let second = r.body["claim_id"].as_str().unwrap().to_owned();
+        check(parent, "expired leases and a claim").await;
+
+        // The lease sweep (the reaper, or a claim of the queue) moves them on.
+        let started = std::time::Instant::now();
+        while app.get(&format!("/v1/parents/{parent}/children/5")).await.body["state"] == "in_flight" {
+            assert!(started.elapsed() < std::time::Duration::from_secs(20), "never swept");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        check(parent, "leases expired").await;
+        if policy == "hold" {
+            let r = app
+                .post(&format!("/v1/parents/{parent}/children/4/retry"), json!({}))
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{r:?}");
+            check(parent, "a retry of a held child").await;
+            // The expired holder's late outcome still wins a held child.
+            outcome(&app, parent, 5, "processed", &first).await;
+            check(parent, "an outcome of a held child").await;
+        }
+        let r = app.post(&format!("/v1/claims/{second}/release"), json!({})).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        check(parent, "a release of a whole claim").await;
+    }
+    // Drift in the open counts is reported and repaired like the counters.
+    app.exec("UPDATE parent SET settled_in_flight = settled_in_flight + 7 WHERE parent_id = 'P-open-hold'")
+        .await;
+    let report = reconcile(&app, "P-open-hold", false).await;
+    let fields: Vec<&str> = changes(&report).iter().map(|c| c["field"].as_str().unwrap()).collect();
+    assert_eq!(fields, ["in_flight"], "{report}");
+    check("P-open-hold", "a repair").await;
+}
+
 both_stores!(
+    open_counts_follow_every_transition,
     reconcile_repairs_drifted_counters,
     reconcile_clears_premature_completion,
     sweep_repairs_only_drifted_parents

@@ -1,4 +1,5 @@
-//! Children: list, read, and return a held child to pending.
+//! Children: list a parent's, search across parents, read one, and return a
+//! held child to pending.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -7,16 +8,19 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{AppJson, AppQuery, parent_id_param, sequence_param};
+use super::extract::{AppJson, AppQuery, parent_id_param, queue_param, sequence_param};
+use super::guard::Caller;
 use super::validate::page_limit;
-use crate::error::{ApiResult, Problem};
+use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, ChildState, ParentId};
 use crate::state::AppState;
+use crate::store::ChildFilter;
 use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_children))
+        .routes(routes!(search_children))
         .routes(routes!(get_child))
         .routes(routes!(retry_child))
 }
@@ -74,6 +78,102 @@ async fn list_children(
     Ok(Json(ChildList {
         children: page.children,
         next_after: page.next_after,
+    }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SearchQuery {
+    /// Only children of this queue's parents.
+    queue: Option<String>,
+    /// Only children in this state; required without `parent_id`.
+    state: Option<ChildState>,
+    /// Only this parent's children.
+    parent_id: Option<String>,
+    /// Page size, 1-1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ChildSearchPage {
+    /// Newest change first (`changed_at`, then parent and sequence, descending).
+    pub children: Vec<Child>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A search cursor: the last child's `changed_at` (microseconds since the
+/// epoch), sequence and parent, as `micros.sequence.parent_id`.
+fn cursor_of((changed_at, parent_id, sequence): &(chrono::DateTime<chrono::Utc>, ParentId, i64)) -> String {
+    format!("{}.{sequence}.{parent_id}", changed_at.timestamp_micros())
+}
+
+fn cursor_param(raw: &str) -> Result<(chrono::DateTime<chrono::Utc>, ParentId, i64), ApiError> {
+    let invalid = || {
+        ApiError::bad_request(
+            "cursor",
+            "not a cursor this service returned (pass `next_cursor` as is)",
+        )
+    };
+    let mut parts = raw.splitn(3, '.');
+    let (Some(micros), Some(sequence), Some(parent_id)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(invalid());
+    };
+    let changed_at = micros
+        .parse::<i64>()
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_micros)
+        .ok_or_else(invalid)?;
+    let sequence = sequence.parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(invalid)?;
+    let parent_id = ParentId::parse(parent_id).map_err(|_| invalid())?;
+    Ok((changed_at, parent_id, sequence))
+}
+
+/// Search children across parents, newest change first: every held or failed
+/// child of a queue in one paged call.
+#[utoipa::path(
+    get,
+    path = "/v1/children",
+    tag = "children",
+    params(SearchQuery),
+    responses(
+        (status = 200, description = "A page of children", body = ChildSearchPage),
+        (status = 400, description = "Invalid query, or no `state` without `parent_id`", body = Problem,
+         content_type = "application/problem+json"),
+    )
+)]
+async fn search_children(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppQuery(query): AppQuery<SearchQuery>,
+) -> ApiResult<Json<ChildSearchPage>> {
+    let limit = page_limit(query.limit)?;
+    let parent_id = query.parent_id.as_deref().map(parent_id_param).transpose()?;
+    if parent_id.is_none() && query.state.is_none() {
+        return Err(ApiError::bad_request(
+            "state",
+            "required unless parent_id is given (failed, held, pending, in_flight, processed or skipped)",
+        ));
+    }
+    let filter = ChildFilter {
+        queue: query.queue.as_deref().map(queue_param).transpose()?,
+        state: query.state,
+        parent_id,
+        within: caller.0.queues.clone(),
+        after: query.cursor.as_deref().map(cursor_param).transpose()?,
+        limit,
+    };
+    let page = state
+        .store
+        .search_children(filter, state.limits.response_budget())
+        .await?;
+    Ok(Json(ChildSearchPage {
+        children: page.children,
+        next_cursor: page.next.as_ref().map(cursor_of),
     }))
 }
 

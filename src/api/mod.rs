@@ -4,6 +4,7 @@
 
 mod children;
 mod claims;
+mod dashboard;
 mod etag;
 pub mod extract;
 pub mod guard;
@@ -11,6 +12,7 @@ mod openapi;
 mod ops;
 mod outcomes;
 mod parents;
+mod queues;
 mod reconcile;
 mod starting;
 pub mod validate;
@@ -38,6 +40,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(parents::router())
         .merge(children::router())
         .merge(claims::router())
+        .merge(queues::router())
         .merge(outcomes::router())
         .merge(reconcile::router())
         .merge(ops::router())
@@ -57,6 +60,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), guard::guard))
         .route_layer(middleware::from_fn(etag::etag))
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
+        .merge(dashboard::router())
         .fallback(route_not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(state.limits.max_body_bytes))

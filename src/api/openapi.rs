@@ -31,6 +31,7 @@ projection of the child rows: reconcile shows and repairs any drift. Every error
         (name = "parents", description = "Register, append, seal, read and list parents"),
         (name = "children", description = "Read children and retry held ones"),
         (name = "claims", description = "Leased chunks of pending children"),
+        (name = "queues", description = "Each queue's parents and children by state, for dashboards"),
         (name = "outcomes", description = "Terminal outcomes: first writer wins"),
         (name = "reconcile", description = "Compare and repair the stored projection"),
         (name = "operations", description = "Health, readiness and metrics"),

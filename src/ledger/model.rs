@@ -10,8 +10,9 @@ use super::ids::{ParentId, QueueName};
 use super::projection::{Change, DerivedProjection, StoredProjection};
 use super::state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};
 
-/// A parent's counters. `total/processed/failed/skipped` are the stored
-/// projection; `pending/in_flight/held` are read from the non-terminal rows.
+/// A parent's (or a queue's) counters: the stored projection, kept by the
+/// statements that move children (never counted per read; reconcile compares
+/// them with the rows).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Counts {
     pub total: i64,
@@ -150,6 +151,10 @@ pub struct Child {
     /// at registration and for writes from a claim older than the previous one.
     pub outcome_attempt: Option<i32>,
     pub terminal_at: Option<DateTime<Utc>>,
+    /// When the child last changed state (registered, claimed, released,
+    /// expired, retried or given its outcome): for a pending child, since
+    /// when it waits. Cross-parent search lists newest change first.
+    pub changed_at: DateTime<Utc>,
     /// The most recent outcome writes (20 at most) that lost to the first one.
     pub conflicts: Vec<Conflict>,
     /// How many outcome writes lost to the first one, all of them.
@@ -329,4 +334,67 @@ pub struct SweepReport {
     pub repaired: u64,
     /// The drifted parents' reports.
     pub parents: Vec<ReconcileReport>,
+}
+
+/// A queue's summary for dashboards (`GET /v1/queues`): what its parents hold,
+/// read from their projections, so the cost does not grow with its children.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Queue {
+    pub queue: QueueName,
+    /// Whether claims of this queue are paused. No queue can be paused yet
+    /// (pausing comes with the lifecycle work), so this is always `false`.
+    pub paused: bool,
+    pub parents: QueueParents,
+    /// Its parents' children, by state.
+    pub children: Counts,
+    /// When its longest-waiting pending child became pending (registered,
+    /// released, expired or retried); `null` when none is pending.
+    pub oldest_pending_since: Option<DateTime<Utc>>,
+    pub throughput: Throughput,
+}
+
+/// A queue's parents by state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QueueParents {
+    pub decomposing: i64,
+    pub active: i64,
+    pub complete: i64,
+}
+
+/// Outcomes recorded over the last minute, from the database (the same on
+/// every replica): this minute's count plus the previous minute's, weighted
+/// by how much of it the last 60 seconds still cover.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Throughput {
+    pub processed_per_minute: f64,
+    pub failed_per_minute: f64,
+}
+
+impl Throughput {
+    /// `now` and `before` are counts of this minute and the previous one;
+    /// `seconds` how far into this minute the clock is.
+    pub fn over_last_minute(now: (i64, i64), before: (i64, i64), seconds: f64) -> Self {
+        let weight = (1.0 - seconds.clamp(0.0, 60.0) / 60.0).max(0.0);
+        Self {
+            processed_per_minute: now.0 as f64 + before.0 as f64 * weight,
+            failed_per_minute: now.1 as f64 + before.1 as f64 * weight,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throughput_slides_over_the_minute_boundary() {
+        let at_start = Throughput::over_last_minute((0, 0), (600, 6), 0.0);
+        assert_eq!(at_start.processed_per_minute, 600.0);
+        let half = Throughput::over_last_minute((300, 0), (600, 6), 30.0);
+        assert_eq!(half.processed_per_minute, 600.0);
+        assert_eq!(half.failed_per_minute, 3.0);
+        let end = Throughput::over_last_minute((600, 1), (600, 6), 60.0);
+        assert_eq!(end.processed_per_minute, 600.0);
+        assert_eq!(end.failed_per_minute, 1.0);
+    }
 }

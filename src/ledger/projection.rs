@@ -27,13 +27,24 @@ impl Tally {
     }
 }
 
-/// The projection as stored on the parent row.
+/// Open (non-terminal, not pending) counts of one parent. Pending is the
+/// rest: `total - terminal - in_flight - held`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Open {
+    pub in_flight: i64,
+    pub held: i64,
+}
+
+/// The projection as stored on the parent row (and, for the open counts,
+/// its lane: see migration 0009).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct StoredProjection {
     pub total: i64,
     pub processed: i64,
     pub failed: i64,
     pub skipped: i64,
+    pub in_flight: i64,
+    pub held: i64,
     pub completed_at: Option<DateTime<Utc>>,
 }
 
@@ -55,17 +66,28 @@ pub struct DerivedProjection {
     pub processed: i64,
     pub failed: i64,
     pub skipped: i64,
+    pub in_flight: i64,
+    pub held: i64,
     pub complete: bool,
 }
 
 impl DerivedProjection {
-    pub fn from_rows(rows: Tally, decomposed: bool) -> Self {
+    pub fn from_rows(rows: Tally, open: Open, decomposed: bool) -> Self {
         Self {
             total: rows.total,
             processed: rows.processed,
             failed: rows.failed,
             skipped: rows.skipped,
+            in_flight: open.in_flight,
+            held: open.held,
             complete: rows.is_complete(decomposed),
+        }
+    }
+
+    pub fn open(&self) -> Open {
+        Open {
+            in_flight: self.in_flight,
+            held: self.held,
         }
     }
 
@@ -113,6 +135,8 @@ pub fn diff(stored: &StoredProjection, derived: &DerivedProjection) -> Vec<Chang
         ("processed", stored.processed, derived.processed),
         ("failed", stored.failed, derived.failed),
         ("skipped", stored.skipped, derived.skipped),
+        ("in_flight", stored.in_flight, derived.in_flight),
+        ("held", stored.held, derived.held),
     ];
     let mut changes: Vec<Change> = counters
         .into_iter()
@@ -182,6 +206,8 @@ mod tests {
             processed,
             failed,
             skipped: 0,
+            in_flight: 0,
+            held: 0,
             completed_at: completed.then(Utc::now),
         }
     }
@@ -195,6 +221,7 @@ mod tests {
                 failed: 1,
                 skipped: 0,
             },
+            Open::default(),
             true,
         );
         assert!(derived.complete);
@@ -208,6 +235,29 @@ mod tests {
     }
 
     #[test]
+    fn open_counts_drift_like_the_counters() {
+        let derived = DerivedProjection::from_rows(
+            Tally {
+                total: 3,
+                ..Tally::default()
+            },
+            Open { in_flight: 2, held: 1 },
+            true,
+        );
+        let mut stale = stored(3, 0, 0, false);
+        stale.in_flight = 5;
+        let changes = diff(&stale, &derived);
+        let fields: Vec<_> = changes
+            .iter()
+            .map(|c| (c.field.as_str(), c.from.clone(), c.to.clone()))
+            .collect();
+        assert_eq!(
+            fields,
+            [("in_flight", 5.into(), 2.into()), ("held", 0.into(), 1.into())]
+        );
+    }
+
+    #[test]
     fn premature_completion_is_cleared() {
         let derived = DerivedProjection::from_rows(
             Tally {
@@ -216,6 +266,7 @@ mod tests {
                 failed: 0,
                 skipped: 0,
             },
+            Open::default(),
             true,
         );
         assert!(!derived.complete);
@@ -235,6 +286,7 @@ mod tests {
                 failed: 0,
                 skipped: 0,
             },
+            Open::default(),
             true,
         );
         assert!(diff(&stored(2, 2, 0, true), &derived).is_empty());

@@ -14,6 +14,7 @@ mod error;
 mod outcomes;
 mod parents;
 mod postgres;
+mod queues;
 mod reconcile;
 mod rows;
 mod sql;
@@ -177,6 +178,27 @@ pub struct ParentFilter {
     pub newest: bool,
     pub created_after: Option<chrono::DateTime<chrono::Utc>>,
     pub created_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Filters of the cross-parent children search (`GET /v1/children`).
+#[derive(Debug, Clone, Default)]
+pub struct ChildFilter {
+    pub queue: Option<QueueName>,
+    pub state: Option<crate::ledger::ChildState>,
+    pub parent_id: Option<ParentId>,
+    /// Only children of these queues (a token's reach).
+    pub within: crate::access::QueueScope,
+    /// Children after this one in the search's order (newest change first):
+    /// its `changed_at`, parent and sequence.
+    pub after: Option<(chrono::DateTime<chrono::Utc>, ParentId, i64)>,
+    pub limit: i64,
+}
+
+/// A page of the children search; `next` is set when more may follow.
+#[derive(Debug, Clone)]
+pub struct ChildSearch {
+    pub children: Vec<Child>,
+    pub next: Option<(chrono::DateTime<chrono::Utc>, ParentId, i64)>,
 }
 
 /// What a listed parent must have (`GET /v1/parents?has=`).

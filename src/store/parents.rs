@@ -1,7 +1,8 @@
 //! Parents: registration, appends, the seal, and reads.
 
 use super::{
-    ChildPage, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, WRITE_CHUNK, dispatch, in_tx,
+    ChildFilter, ChildPage, ChildSearch, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, WRITE_CHUNK,
+    dispatch, in_tx,
 };
 use crate::ledger::budget::{ByteBudget, json_len};
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT};
@@ -185,6 +186,37 @@ impl Store {
                 }
                 return Ok(ChildPage {
                     next_after: cursor.filter(|_| more),
+                    children,
+                });
+            }
+        }
+    }
+
+    /// A page of children across parents, newest change first (see
+    /// `ChildFilter`), read like a parent's pages: a chunk at a time, stopping
+    /// before the response outgrows `budget`. `next` is the last child's key
+    /// when more may follow.
+    pub async fn search_children(&self, mut filter: ChildFilter, mut budget: ByteBudget) -> StoreResult<ChildSearch> {
+        let limit = filter.limit;
+        let mut children: Vec<Child> = Vec::new();
+        let key = |c: &Child| (c.changed_at, c.parent_id.clone(), c.sequence);
+        loop {
+            let want = (limit - children.len() as i64).min(PAGE_CHUNK);
+            filter.limit = want + 1;
+            let mut chunk = dispatch!(self, s => s.search_children(&filter).await)?;
+            let more = chunk.len() as i64 > want;
+            chunk.truncate(want as usize);
+            for child in chunk {
+                if !budget.take(json_len(&child) + 1) && !children.is_empty() {
+                    let next = children.last().map(key);
+                    return Ok(ChildSearch { children, next });
+                }
+                children.push(child);
+            }
+            filter.after = children.last().map(key);
+            if !more || children.len() as i64 >= limit {
+                return Ok(ChildSearch {
+                    next: filter.after.filter(|_| more),
                     children,
                 });
             }

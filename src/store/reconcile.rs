@@ -15,12 +15,13 @@ impl Store {
         let (stored, decomposed) = in_tx!(&mut tx, reconcile::lock_projection(parent_id))?
             .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))?;
         let rows = in_tx!(&mut tx, parents::tally(parent_id))?;
-        let derived = DerivedProjection::from_rows(rows, decomposed);
+        let open = in_tx!(&mut tx, reconcile::open_tally(parent_id))?;
+        let derived = DerivedProjection::from_rows(rows, open, decomposed);
         let changes = projection::diff(&stored, &derived);
         let apply = !dry_run && !changes.is_empty();
         let completion = projection::completion_repair(&stored, &derived);
         if apply {
-            in_tx!(&mut tx, reconcile::repair(parent_id, &rows, completion))?;
+            in_tx!(&mut tx, reconcile::repair(parent_id, &rows, open, completion))?;
         }
         tx.commit().await?;
         if apply && completion == CompletionRepair::Set {

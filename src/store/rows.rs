@@ -84,7 +84,9 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
         last_progress_at: row.opt_time("last_progress_at")?,
     };
     let open = OpenCounts {
-        pending: row.int("open_pending")?,
+        // A count is never below zero, even over a drifted projection
+        // (reconcile shows and repairs that drift).
+        pending: row.int("open_pending")?.max(0),
         in_flight: row.int("open_in_flight")?,
         held: row.int("open_held")?,
     };
@@ -127,6 +129,7 @@ pub(crate) fn child(row: &impl LedgerRow) -> Result<Child, sqlx::Error> {
         result: row.raw_json("result")?,
         outcome_attempt: row.opt_int32("outcome_attempt")?,
         terminal_at: row.opt_time("terminal_at")?,
+        changed_at: row.time("changed_at")?,
         conflicts,
         conflict_count: row.int("conflict_count")?,
     })
@@ -327,6 +330,10 @@ pub(crate) struct DriftRow {
     pub rows_processed: i64,
     pub rows_failed: i64,
     pub rows_skipped: i64,
+    pub open_in_flight: i64,
+    pub open_held: i64,
+    pub rows_in_flight: i64,
+    pub rows_held: i64,
 }
 
 impl DriftRow {
@@ -344,7 +351,9 @@ impl DriftRow {
             failed: self.rows_failed,
             skipped: self.rows_skipped,
         };
-        stored != derived || self.completed != derived.is_complete(self.decomposed)
+        stored != derived
+            || self.completed != derived.is_complete(self.decomposed)
+            || (self.open_in_flight, self.open_held) != (self.rows_in_flight, self.rows_held)
     }
 }
 
@@ -370,6 +379,58 @@ impl DriftPage {
                 .map(|r| ParentId::from_ledger(r.parent_id))
                 .collect(),
             next,
+        }
+    }
+}
+
+/// One queue's row of `sql::queue_summaries`.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct QueueRow {
+    pub queue: String,
+    pub decomposing: i64,
+    pub active: i64,
+    pub complete: i64,
+    pub total: i64,
+    pub processed: i64,
+    pub failed: i64,
+    pub skipped: i64,
+    pub in_flight: i64,
+    pub held: i64,
+    pub processed_now: i64,
+    pub failed_now: i64,
+    pub processed_before: i64,
+    pub failed_before: i64,
+    pub oldest_pending_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// The database clock, in seconds since the epoch.
+    pub epoch: f64,
+}
+
+impl QueueRow {
+    pub fn into_queue(self) -> crate::ledger::Queue {
+        use crate::ledger::{Counts, Queue, QueueParents, Throughput};
+        Queue {
+            queue: crate::ledger::QueueName::from_ledger(self.queue),
+            paused: false,
+            parents: QueueParents {
+                decomposing: self.decomposing,
+                active: self.active,
+                complete: self.complete,
+            },
+            children: Counts {
+                total: self.total,
+                processed: self.processed,
+                failed: self.failed,
+                skipped: self.skipped,
+                pending: (self.total - self.processed - self.failed - self.skipped - self.in_flight - self.held).max(0),
+                in_flight: self.in_flight,
+                held: self.held,
+            },
+            oldest_pending_since: self.oldest_pending_since,
+            throughput: Throughput::over_last_minute(
+                (self.processed_now, self.failed_now),
+                (self.processed_before, self.failed_before),
+                self.epoch.rem_euclid(60.0),
+            ),
         }
     }
 }

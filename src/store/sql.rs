@@ -72,21 +72,35 @@ pub(crate) fn credited_attempt(claim: &str) -> String {
 /// A child row's columns as `Child` reads them.
 pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c.attempts, \
     c.claim_id, c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.reason, c.result, \
-    c.outcome_attempt, c.terminal_at, c.conflicts, c.conflict_count";
+    c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count";
 
 /// One child, by its primary key.
 pub(crate) static CHILD_BY_KEY: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {CHILD_COLUMNS} FROM child c WHERE c.parent_id = $1 AND c.sequence = $2"));
 
-/// A parent row's columns with its open counts, read from the partial indexes.
-pub(crate) const PARENT_SELECT: &str = "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
+/// A parent's open counts (`open_pending`, `open_in_flight`, `open_held`)
+/// from its counters and its lane's, for `parent p LEFT JOIN lane l`: no count
+/// over its children (migration 0009 says how each is kept).
+macro_rules! open_counts {
+    () => {
+        "coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight AS open_in_flight, \
+         coalesce(l.held_in - l.held_out, 0) - p.settled_held AS open_held, \
+         p.total - p.processed - p.failed - p.skipped \
+             - (coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) \
+             - (coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS open_pending"
+    };
+}
+pub(crate) use open_counts;
+
+/// A parent row's columns with its open counts.
+pub(crate) const PARENT_SELECT: &str = concat!(
+    "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
     p.expired_lease, p.priority, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
     p.last_progress_at, \
-    p.position, \
-    (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') AS open_pending, \
-    (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'in_flight') AS open_in_flight, \
-    (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'held') AS open_held \
-    FROM parent p";
+    p.position, ",
+    open_counts!(),
+    " FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id"
+);
 
 /// One parent with its open counts.
 pub(crate) static PARENT_BY_ID: LazyLock<String> = LazyLock::new(|| format!("{PARENT_SELECT} WHERE p.parent_id = $1"));
@@ -155,13 +169,77 @@ pub(crate) const SEAL_GAPS: &str = "SELECT sequence, next FROM ( \
 pub(crate) const SEAL_EXTRA: &str =
     "SELECT sequence FROM child WHERE parent_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3";
 
-/// A parent's stored projection for reconcile.
-pub(crate) const STORED_PROJECTION: &str = "SELECT total, processed, failed, skipped, completed_at, \
-    decomposed_at IS NOT NULL AS decomposed FROM parent WHERE parent_id = $1";
+/// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
+/// `rows::QueueRow`): parents by state and their projections summed, their
+/// minute buckets, and the oldest pending child of each open lane, which its
+/// first entry in `child_pending_since` gives. `minute` is the dialect's
+/// current minute since the epoch, `epoch` its clock in seconds and `within`
+/// its queue-scope fragment.
+pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String {
+    format!(
+        "SELECT p.queue, \
+             CAST(sum(CASE WHEN p.decomposed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS decomposing, \
+             CAST(sum(CASE WHEN p.decomposed_at IS NOT NULL AND p.completed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) \
+                 AS active, \
+             CAST(sum(CASE WHEN p.completed_at IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT) AS complete, \
+             CAST(sum(p.total) AS BIGINT) AS total, CAST(sum(p.processed) AS BIGINT) AS processed, \
+             CAST(sum(p.failed) AS BIGINT) AS failed, CAST(sum(p.skipped) AS BIGINT) AS skipped, \
+             CAST(sum(coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) AS BIGINT) AS in_flight, \
+             CAST(sum(coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS BIGINT) AS held, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.minute_processed ELSE 0 END) AS BIGINT) AS processed_now, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_now, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_processed \
+                           WHEN p.minute = {minute} - 1 THEN p.minute_processed ELSE 0 END) AS BIGINT) \
+                 AS processed_before, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_failed \
+                           WHEN p.minute = {minute} - 1 THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_before, \
+             min(CASE WHEN l.floor IS NOT NULL OR l.ready_at IS NOT NULL THEN ( \
+                 SELECT c.changed_at FROM child c WHERE c.parent_id = l.parent_id AND c.state = 'pending' \
+                 ORDER BY c.changed_at LIMIT 1) END) AS oldest_pending_since, \
+             {epoch} AS epoch \
+         FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
+         WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
+         GROUP BY p.queue ORDER BY p.queue"
+    )
+}
 
-/// Returns a held child to pending.
-pub(crate) const RETRY_HELD: &str = "UPDATE child SET state = 'pending', available_at = NULL \
-    WHERE parent_id = $1 AND sequence = $2 AND state = 'held'";
+/// Counts a statement's outcomes into a parent's minute buckets (migration
+/// 0009): the assignments of an `UPDATE parent`, for columns prefixed `t`
+/// (`"p."` or `""`), the dialect's current minute since the epoch `minute`,
+/// and the counts to add. Every assignment reads the row as it was.
+pub(crate) fn count_minute(t: &str, minute: &str, processed: &str, failed: &str) -> String {
+    format!(
+        "previous_minute_processed = CASE WHEN {t}minute = {minute} THEN {t}previous_minute_processed \
+             WHEN {t}minute = {minute} - 1 THEN {t}minute_processed ELSE 0 END, \
+         previous_minute_failed = CASE WHEN {t}minute = {minute} THEN {t}previous_minute_failed \
+             WHEN {t}minute = {minute} - 1 THEN {t}minute_failed ELSE 0 END, \
+         minute_processed = CASE WHEN {t}minute = {minute} THEN {t}minute_processed ELSE 0 END + {processed}, \
+         minute_failed = CASE WHEN {t}minute = {minute} THEN {t}minute_failed ELSE 0 END + {failed}, \
+         minute = {minute}"
+    )
+}
+
+/// A parent's stored projection for reconcile (its open counts less what
+/// outcomes settled; the lane's part is `LANE_OPEN`).
+pub(crate) const STORED_PROJECTION: &str = "SELECT total, processed, failed, skipped, completed_at, \
+    settled_in_flight, settled_held, decomposed_at IS NOT NULL AS decomposed FROM parent WHERE parent_id = $1";
+
+/// A lane's part of its parent's open counts, for reconcile.
+pub(crate) const LANE_OPEN: &str =
+    "SELECT claimed - unclaimed AS in_flight, held_in - held_out AS held FROM lane WHERE parent_id = $1";
+
+/// A parent's in-flight and held children, counted (reconcile), each through its partial index.
+pub(crate) const OPEN_TALLY: &str = "SELECT \
+    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'in_flight'), \
+    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'held')";
+
+/// Returns a held child to pending; `now` is the dialect's clock.
+pub(crate) fn retry_held(now: &str) -> String {
+    format!(
+        "UPDATE child SET state = 'pending', available_at = NULL, changed_at = {now} \
+         WHERE parent_id = $1 AND sequence = $2 AND state = 'held'"
+    )
+}
 
 /// Why each losing outcome write lost: for each `(parent_id, sequence)` of the
 /// input, whether its parent is decomposed and the child's state (NULL when

@@ -97,6 +97,46 @@ macro_rules! shared_reads {
                 Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
             }
 
+            /// Up to `filter.limit` children across parents, newest change
+            /// first. The state is written into the statement (it is one of
+            /// six words), so that Postgres, which plans statements once per
+            /// connection, can use the index of failed and held children.
+            pub async fn search_children(
+                &self,
+                filter: &$crate::store::ChildFilter,
+            ) -> $crate::store::StoreResult<Vec<$crate::ledger::Child>> {
+                let state = match filter.state {
+                    Some(state) => format!("c.state = '{}'", state.as_str()),
+                    None => "true".to_owned(),
+                };
+                let sql = format!(
+                    "SELECT {columns} FROM child c JOIN parent p ON p.parent_id = c.parent_id \
+                     WHERE {state} AND ($1 IS NULL OR c.parent_id = $1) AND ($2 IS NULL OR p.queue = $2) \
+                       AND {within} \
+                       AND ($4 IS NULL OR (c.changed_at, c.parent_id, c.sequence) < ($4, $5, $6)) \
+                     ORDER BY c.changed_at DESC, c.parent_id DESC, c.sequence DESC LIMIT $7",
+                    columns = $crate::store::sql::CHILD_COLUMNS,
+                    within = $within("$3")
+                );
+                let (after_time, after_parent, after_sequence) = match &filter.after {
+                    Some((time, parent_id, sequence)) => (Some($time(*time)), Some(parent_id.as_str()), Some(*sequence)),
+                    None => (None, None, None),
+                };
+                let mut conn = self.read().await?;
+                let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(filter.parent_id.as_ref().map($crate::ledger::ParentId::as_str))
+                    .bind(filter.queue.as_ref().map($crate::ledger::QueueName::as_str))
+                    .bind(filter.within.as_json())
+                    .bind(after_time)
+                    .bind(after_parent)
+                    .bind(after_sequence)
+                    .bind(filter.limit)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                conn.finish().await?;
+                Ok(rows.iter().map(rows::child).collect::<Result<Vec<_>, _>>()?)
+            }
+
             pub async fn parent(
                 &self,
                 parent_id: &$crate::ledger::ParentId,
@@ -314,6 +354,7 @@ macro_rules! projection_steps {
             tx: &mut $tx,
             parent_id: &$crate::ledger::ParentId,
             derived: &$crate::ledger::projection::Tally,
+            open: $crate::ledger::projection::Open,
             completion: $crate::ledger::projection::CompletionRepair,
         ) -> $crate::store::StoreResult<()> {
             use $crate::ledger::projection::CompletionRepair;
@@ -324,13 +365,21 @@ macro_rules! projection_steps {
             };
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE parent SET total = $2, processed = $3, failed = $4, skipped = $5, \
-                     completed_at = {completed_at} WHERE parent_id = $1"
+                     settled_in_flight = 0, settled_held = 0, completed_at = {completed_at} WHERE parent_id = $1"
             )))
             .bind(parent_id.as_str())
             .bind(derived.total)
             .bind(derived.processed)
             .bind(derived.failed)
             .bind(derived.skipped)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(
+                "UPDATE lane SET claimed = $2, unclaimed = 0, held_in = $3, held_out = 0 WHERE parent_id = $1",
+            )
+            .bind(parent_id.as_str())
+            .bind(open.in_flight)
+            .bind(open.held)
             .execute(&mut **tx)
             .await?;
             Ok(())
@@ -350,14 +399,36 @@ macro_rules! projection_steps {
                 .fetch_optional(&mut **tx)
                 .await?;
             let Some(row) = row else { return Ok(None) };
+            // The lane after the parent, as every statement that locks both does.
+            static LANE: std::sync::LazyLock<String> =
+                std::sync::LazyLock::new(|| format!("{}{}", $crate::store::sql::LANE_OPEN, $lock));
+            let lane: Option<(i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(LANE.as_str()))
+                .bind(parent_id.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            let (lane_in_flight, lane_held) = lane.unwrap_or_default();
             let stored = $crate::ledger::projection::StoredProjection {
                 total: row.try_get("total")?,
                 processed: row.try_get("processed")?,
                 failed: row.try_get("failed")?,
                 skipped: row.try_get("skipped")?,
+                in_flight: lane_in_flight - row.try_get::<i64, _>("settled_in_flight")?,
+                held: lane_held - row.try_get::<i64, _>("settled_held")?,
                 completed_at: row.try_get("completed_at")?,
             };
             Ok(Some((stored, row.try_get("decomposed")?)))
+        }
+
+        /// A parent's in-flight and held children, counted.
+        pub(in crate::store) async fn open_tally(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+        ) -> $crate::store::StoreResult<$crate::ledger::projection::Open> {
+            let (in_flight, held) = sqlx::query_as($crate::store::sql::OPEN_TALLY)
+                .bind(parent_id.as_str())
+                .fetch_one(&mut **tx)
+                .await?;
+            Ok($crate::ledger::projection::Open { in_flight, held })
         }
     };
 }

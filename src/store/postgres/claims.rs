@@ -49,7 +49,7 @@ fn lane_claim(lock: &str) -> String {
              UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
                  claim_id = ($3::uuid[])[picked.rn], claimed_by = ($4::text[])[picked.rn], \
                  lease_expires_at = now() + make_interval(secs => ($5::float8[])[picked.rn]), \
-                 available_at = NULL \
+                 available_at = NULL, changed_at = now() \
              FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
              RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, c.lease_expires_at, \
                  c.claim_id), \
@@ -63,7 +63,8 @@ fn lane_claim(lock: &str) -> String {
                           SELECT min(c.available_at) FROM child c \
                           WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NOT NULL \
                             AND c.sequence NOT IN (SELECT sequence FROM picked)) ELSE l.ready_at END, \
-                 served = CASE WHEN EXISTS (SELECT 1 FROM picked) THEN nextval('lane_served') ELSE l.served END \
+                 served = CASE WHEN EXISTS (SELECT 1 FROM picked) THEN nextval('lane_served') ELSE l.served END, \
+                 claimed = l.claimed + (SELECT count(*) FROM claimed) \
              WHERE l.parent_id = $1 AND (SELECT open FROM lane)) \
          SELECT c.*, (SELECT queue FROM lane) AS queue FROM claimed c \
          UNION ALL SELECT $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue FROM lane"
@@ -203,7 +204,8 @@ impl PgStore {
             let n: i64 = sqlx::query_scalar(
                 "WITH released AS ( \
                      UPDATE child c SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                         available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) END \
+                         available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) END, \
+                         changed_at = now() \
                      FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
                      WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                        AND c.claim_id = $4 AND c.state = 'in_flight' \
@@ -211,7 +213,8 @@ impl PgStore {
                  lowered AS ( \
                      UPDATE lane SET \
                          floor = least(floor, (SELECT min(sequence) FROM released WHERE available_at IS NULL)), \
-                         ready_at = least(ready_at, (SELECT min(available_at) FROM released)) \
+                         ready_at = least(ready_at, (SELECT min(available_at) FROM released)), \
+                         unclaimed = unclaimed + (SELECT count(*) FROM released) \
                      WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM released)) \
                  SELECT count(*) FROM released",
             )
@@ -236,9 +239,10 @@ impl PgStore {
         let retried: bool = sqlx::query_scalar(AssertSqlSafe(format!(
             "WITH retried AS ({} RETURNING sequence), \
              lowered AS ( \
-                 UPDATE lane SET floor = least(floor, $2) WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM retried)) \
+                 UPDATE lane SET floor = least(floor, $2), held_out = held_out + 1 \
+                 WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM retried)) \
              SELECT EXISTS (SELECT 1 FROM retried)",
-            sql::RETRY_HELD
+            sql::retry_held("now()")
         )))
         .bind(parent_id.as_str())
         .bind(sequence)
@@ -317,17 +321,20 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
                                THEN 'attempts exhausted' ELSE c.reason END, \
                  terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
                                     THEN now() ELSE c.terminal_at END, \
-                 previous_attempt = 'expired' \
+                 previous_attempt = 'expired', changed_at = now() \
              FROM expired e, parent p \
              WHERE c.parent_id = e.parent_id AND c.sequence = e.sequence AND p.parent_id = e.parent_id \
              RETURNING c.parent_id, c.sequence, c.state), \
          deltas AS ( \
-             SELECT parent_id, 0 AS processed, count(*) AS failed, 0 AS skipped \
+             SELECT parent_id, 0 AS processed, count(*) AS failed, 0 AS skipped, \
+                 0 AS from_in_flight, 0 AS from_held \
              FROM moved WHERE state = 'failed' GROUP BY parent_id), \
          {bump}, \
          lowered AS ( \
-             UPDATE lane SET floor = least(floor, (SELECT min(sequence) FROM moved WHERE state = 'pending')) \
-             WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM moved WHERE state = 'pending')) \
+             UPDATE lane SET floor = least(floor, (SELECT min(sequence) FROM moved WHERE state = 'pending')), \
+                 unclaimed = unclaimed + (SELECT count(*) FROM moved), \
+                 held_in = held_in + (SELECT count(*) FROM moved WHERE state = 'held') \
+             WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM moved)) \
          SELECT NULL, count(*) FROM moved \
          UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
         bump = BUMP_PARENTS.as_str()

@@ -16,6 +16,9 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use super::{PoolStats, StoreOptions, StoreResult};
 use held::Held;
 
+/// The current minute since the epoch, by the database clock.
+const MINUTE: &str = "(floor(extract(epoch FROM now()) / 60))::bigint";
+
 /// The `LISTEN`/`NOTIFY` channel on which replicas wake each other's waiting claims.
 const WORK_CHANNEL: &str = "child_ledger_work";
 

@@ -12,8 +12,10 @@ use crate::ledger::{OutcomeWrite, ParentId};
 use crate::store::rows::{Applied, LoserFacts, parse_column};
 use crate::store::{StoreResult, retry_transient, sql};
 
-/// Adds a `deltas (parent_id, processed, failed, skipped)` CTE's counts to
-/// their parents and completes those whose last child just went terminal;
+/// Adds a `deltas (parent_id, processed, failed, skipped, from_in_flight,
+/// from_held)` CTE's counts to their parents (the last two: how many of those
+/// outcomes settled an in-flight or a held child, for the open counts) and
+/// completes those whose last child just went terminal;
 /// `bumped (parent_id, completed)` names the parents this statement completed.
 /// The `CASE` sees the row as it stands under the update's lock, so only one
 /// statement sets `completed_at`; `completed` holds where it was set to this
@@ -25,6 +27,8 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
         "bumped AS ( \
              UPDATE parent p SET processed = p.processed + d.processed, failed = p.failed + d.failed, \
                  skipped = p.skipped + d.skipped, last_progress_at = now(), \
+                 settled_in_flight = p.settled_in_flight + d.from_in_flight, \
+                 settled_held = p.settled_held + d.from_held, {minute}, \
                  completed_at = CASE WHEN p.completed_at IS NULL AND {} THEN now() ELSE p.completed_at END \
              FROM deltas d WHERE p.parent_id = d.parent_id \
              RETURNING p.parent_id, p.completed_at = now() \
@@ -34,7 +38,8 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
             "p.decomposed_at IS NOT NULL",
             "p.processed + d.processed + p.failed + d.failed + p.skipped + d.skipped",
             "p.total"
-        )
+        ),
+        minute = sql::count_minute("p.", super::MINUTE, "d.processed", "d.failed")
     )
 });
 
@@ -51,15 +56,17 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
          applied AS ( \
              UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::json, \
-                 terminal_at = now(), outcome_attempt = {credited} \
+                 terminal_at = now(), changed_at = now(), settled_from = c.state, outcome_attempt = {credited} \
              FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
-             RETURNING c.parent_id, c.sequence, c.state), \
+             RETURNING c.parent_id, c.sequence, c.state, c.settled_from), \
          deltas AS ( \
              SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \
-                 count(*) FILTER (WHERE state = 'skipped') AS skipped \
+                 count(*) FILTER (WHERE state = 'skipped') AS skipped, \
+                 count(*) FILTER (WHERE settled_from = 'in_flight') AS from_in_flight, \
+                 count(*) FILTER (WHERE settled_from = 'held') AS from_held \
              FROM applied GROUP BY parent_id), \
          {bump} \
          SELECT parent_id, sequence FROM applied \

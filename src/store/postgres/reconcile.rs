@@ -28,16 +28,20 @@ impl PgStore {
                 "SELECT p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
                  p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, \
                  coalesce(t.total, 0) AS rows_total, coalesce(t.processed, 0) AS rows_processed, \
-                 coalesce(t.failed, 0) AS rows_failed, coalesce(t.skipped, 0) AS rows_skipped \
-             FROM parent p \
+                 coalesce(t.failed, 0) AS rows_failed, coalesce(t.skipped, 0) AS rows_skipped, \
+                 {open}, coalesce(t.in_flight, 0) AS rows_in_flight, coalesce(t.held, 0) AS rows_held \
+             FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
              LEFT JOIN LATERAL ( \
                  SELECT count(*) AS total, count(*) FILTER (WHERE state = 'processed') AS processed, \
                      count(*) FILTER (WHERE state = 'failed') AS failed, \
-                     count(*) FILTER (WHERE state = 'skipped') AS skipped \
+                     count(*) FILTER (WHERE state = 'skipped') AS skipped, \
+                     count(*) FILTER (WHERE state = 'in_flight') AS in_flight, \
+                     count(*) FILTER (WHERE state = 'held') AS held \
                  FROM child c WHERE c.parent_id = p.parent_id) t ON true \
              WHERE p.position > $1 AND ($2::text IS NULL OR p.queue = $2) AND {within} \
              ORDER BY p.position LIMIT $3",
-                within = sql::within_postgres("$4")
+                within = sql::within_postgres("$4"),
+                open = sql::open_counts!()
             )
         });
         let mut conn = self.read().await?;
@@ -50,5 +54,30 @@ impl PgStore {
             .await?;
         conn.finish().await?;
         Ok(DriftPage::from_rows(rows, page))
+    }
+}
+
+impl PgStore {
+    /// One row per queue (see `sql::queue_summaries`).
+    pub async fn queue_rows(
+        &self,
+        queue: Option<&QueueName>,
+        within: &QueueScope,
+    ) -> StoreResult<Vec<crate::store::rows::QueueRow>> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            sql::queue_summaries(
+                super::MINUTE,
+                "CAST(extract(epoch FROM now()) AS float8)",
+                &sql::within_postgres("$2"),
+            )
+        });
+        let mut conn = self.read().await?;
+        let rows = sqlx::query_as(AssertSqlSafe(SQL.as_str()))
+            .bind(queue.map(QueueName::as_str))
+            .bind(within.as_json())
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(rows)
     }
 }

@@ -8,9 +8,8 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use super::outcomes::bump_parents;
+use super::outcomes::{Settled, bump_parents};
 use super::{SqliteStore, SqliteTx, now, parents};
-use crate::ledger::projection::Tally;
 use crate::ledger::{Child, ClaimScope, ParentId, QueueName};
 use crate::store::rows::{Lane, LaneAsk, LaneClaim, LaneTurn};
 use crate::store::{ChildRef, StoreResult, sql};
@@ -42,6 +41,25 @@ async fn refresh_lanes<'a>(tx: &mut SqliteTx, parents: impl IntoIterator<Item = 
 
 static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes(now!()));
 
+static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(now!()));
+
+/// Counts leases that ended without an outcome (`unclaimed`) and, of those,
+/// the ones kept held (`held_in`), per lane: JSON `[[parent_id, ended, held], …]` in `?1`.
+const COUNT_UNCLAIMED: &str = "UPDATE lane SET unclaimed = unclaimed + j.value ->> 1, held_in = held_in + j.value ->> 2 \
+    FROM json_each(?1) AS j WHERE lane.parent_id = j.value ->> 0";
+
+/// Adds the leases that ended without an outcome to their lanes (see `COUNT_UNCLAIMED`).
+async fn count_unclaimed(tx: &mut SqliteTx, ended: &BTreeMap<&str, (i64, i64)>) -> StoreResult<()> {
+    if !ended.is_empty() {
+        let rows: Vec<(&str, i64, i64)> = ended.iter().map(|(p, (n, held))| (*p, *n, *held)).collect();
+        sqlx::query(COUNT_UNCLAIMED)
+            .bind(serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned()))
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Leases up to `?2` children of parent `?1` from `?6`, its floor, up (and,
 /// with `due`, its delayed children that are due, earliest due first), lowest
 /// sequence first. Binds: `?3` claim id, `?4` worker, `?5` lease modifier.
@@ -58,7 +76,7 @@ fn lane_claim(due: bool) -> String {
     };
     format!(
         "UPDATE child SET state = 'in_flight', attempts = attempts + 1, previous_claim_id = claim_id, \
-             claim_id = ?3, claimed_by = ?4, lease_expires_at = {lease}, available_at = NULL \
+             claim_id = ?3, claimed_by = ?4, lease_expires_at = {lease}, available_at = NULL, changed_at = {now} \
          WHERE parent_id = ?1 AND sequence IN ( \
              SELECT sequence FROM ( \
                  SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
@@ -66,7 +84,8 @@ fn lane_claim(due: bool) -> String {
              {due} ORDER BY sequence LIMIT ?2) \
          RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, \
              (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
-        lease = now!(" ?5 ")
+        lease = now!(" ?5 "),
+        now = now!()
     )
 }
 
@@ -145,9 +164,10 @@ impl SqliteStore {
             let served: i64 = sqlx::query_scalar("UPDATE lane_clock SET served = served + 1 RETURNING served")
                 .fetch_one(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE lane SET served = ?2 WHERE parent_id = ?1")
+            sqlx::query("UPDATE lane SET served = ?2, claimed = claimed + ?3 WHERE parent_id = ?1")
                 .bind(parent_id.as_str())
                 .bind(served)
+                .bind(rows.len() as i64)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -189,7 +209,9 @@ impl SqliteStore {
         let mut tx = self.begin().await?;
         let released: Vec<String> = sqlx::query_scalar(concat!(
             "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                 available_at = CASE WHEN ?3 > 0 THEN ",
+                 changed_at = ",
+            now!(),
+            ", available_at = CASE WHEN ?3 > 0 THEN ",
             now!(" '+' || ?3 || ' seconds' "),
             " END \
              WHERE claim_id = ?1 AND state = 'in_flight' \
@@ -202,19 +224,23 @@ impl SqliteStore {
         .bind(named)
         .fetch_all(&mut *tx)
         .await?;
-        let mut by_parent: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut by_parent: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
         for parent_id in &released {
-            *by_parent.entry(parent_id).or_default() += 1;
+            by_parent.entry(parent_id).or_default().0 += 1;
         }
         refresh_lanes(&mut tx, by_parent.keys().copied().collect::<BTreeSet<_>>()).await?;
+        count_unclaimed(&mut tx, &by_parent).await?;
         tx.commit().await?;
-        Ok(by_parent.into_iter().map(|(p, n)| (p.to_owned(), n)).collect())
+        Ok(by_parent
+            .into_iter()
+            .map(|(p, (n, _))| (p.to_owned(), n as u64))
+            .collect())
     }
 
     /// Returns a held child to pending; whether it did, and the child after.
     pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<(bool, Option<Child>)> {
         let mut tx = self.begin().await?;
-        let retried = sqlx::query(sql::RETRY_HELD)
+        let retried = sqlx::query(AssertSqlSafe(RETRY_HELD.as_str()))
             .bind(parent_id.as_str())
             .bind(sequence)
             .execute(&mut *tx)
@@ -222,6 +248,10 @@ impl SqliteStore {
             .rows_affected();
         if retried == 1 {
             refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
+            sqlx::query("UPDATE lane SET held_out = held_out + 1 WHERE parent_id = ?1")
+                .bind(parent_id.as_str())
+                .execute(&mut *tx)
+                .await?;
         }
         let child = parents::child_in(&mut *tx, parent_id, sequence).await?;
         tx.commit().await?;
@@ -248,7 +278,7 @@ impl SqliteStore {
                                THEN 'attempts exhausted' ELSE c.reason END, \
                  terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
                                     THEN {now} ELSE c.terminal_at END, \
-                 previous_attempt = 'expired' \
+                 previous_attempt = 'expired', changed_at = {now} \
              FROM parent p \
              WHERE p.parent_id = c.parent_id AND (c.parent_id, c.sequence) IN ( \
                  SELECT parent_id, sequence FROM child \
@@ -261,11 +291,18 @@ impl SqliteStore {
         .bind(scope_key)
         .fetch_all(&mut *tx)
         .await?;
-        let mut failures: BTreeMap<&str, Tally> = BTreeMap::new();
+        let mut failures: BTreeMap<&str, Settled> = BTreeMap::new();
         for (parent_id, _) in moved.iter().filter(|(_, state)| state == "failed") {
             failures.entry(parent_id.as_str()).or_default().failed += 1;
         }
         let completed = bump_parents(&mut tx, &failures).await?;
+        let mut ended: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+        for (parent_id, state) in &moved {
+            let lane = ended.entry(parent_id.as_str()).or_default();
+            lane.0 += 1;
+            lane.1 += i64::from(state == "held");
+        }
+        count_unclaimed(&mut tx, &ended).await?;
         let pending: BTreeSet<&str> = moved
             .iter()
             .filter(|(_, state)| state == "pending")

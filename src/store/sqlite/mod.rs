@@ -37,6 +37,9 @@ use now;
 /// A transaction on a held connection: dropped unfinished, its statement is interrupted.
 pub(super) type SqliteTx = Held;
 
+/// The current minute since the epoch, by the database clock.
+const MINUTE: &str = "(CAST(strftime('%s', 'now') AS INTEGER) / 60)";
+
 /// How long a write waits for its turn: for the writer connection, and for
 /// SQLite's file lock when another process writes the same file.
 const WRITER_WAIT: Duration = Duration::from_secs(60);

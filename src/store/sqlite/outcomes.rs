@@ -8,7 +8,6 @@ use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
 use super::{SqliteStore, SqliteTx, now};
-use crate::ledger::projection::Tally;
 use crate::ledger::{OutcomeWrite, ParentId};
 use crate::store::rows::{Applied, LoserFacts, parse_column};
 use crate::store::{StoreResult, sql};
@@ -18,7 +17,7 @@ use crate::store::{StoreResult, sql};
 static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE child AS c SET state = j.outcome, reason = j.reason, result = j.result, terminal_at = {now}, \
-             outcome_attempt = {credited} \
+             changed_at = {now}, settled_from = c.state, outcome_attempt = {credited} \
          FROM (SELECT value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS outcome, \
                       value ->> 3 AS reason, \
                       CASE WHEN json_type(value, '$[4]') = 'null' THEN NULL ELSE value -> 4 END AS result, \
@@ -27,7 +26,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
            AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
            AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
-         RETURNING parent_id, sequence, state",
+         RETURNING parent_id, sequence, state, settled_from",
         now = now!(),
         credited = sql::credited_attempt("j.claim_id"),
         fenced = sql::fence_admits("j.claim_id")
@@ -63,17 +62,22 @@ impl SqliteStore {
     /// Records the writes that win, and their parents' counters, in one transaction.
     pub async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
         let mut tx = self.begin().await?;
-        let won: Vec<(String, i64, String)> = sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
+        let won: Vec<(String, i64, String, String)> = sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
             .bind(outcomes_json(writes))
             .fetch_all(&mut *tx)
             .await?;
-        let mut deltas: BTreeMap<&str, Tally> = BTreeMap::new();
-        for (parent_id, _, state) in &won {
+        let mut deltas: BTreeMap<&str, Settled> = BTreeMap::new();
+        for (parent_id, _, state, from) in &won {
             let delta = deltas.entry(parent_id.as_str()).or_default();
             match state.as_str() {
                 "processed" => delta.processed += 1,
                 "failed" => delta.failed += 1,
                 _ => delta.skipped += 1,
+            }
+            match from.as_str() {
+                "in_flight" => delta.from_in_flight += 1,
+                "held" => delta.from_held += 1,
+                _ => {}
             }
         }
         let completed = bump_parents(&mut tx, &deltas).await?;
@@ -81,30 +85,47 @@ impl SqliteStore {
         Ok(Applied {
             won: won
                 .into_iter()
-                .map(|(parent_id, sequence, _)| (ParentId::from_ledger(parent_id), sequence))
+                .map(|(parent_id, sequence, _, _)| (ParentId::from_ledger(parent_id), sequence))
                 .collect(),
             completed,
         })
     }
 }
 
+/// A parent's children that went terminal in one statement: by outcome, and
+/// how many of them were in flight or held before (for its open counts).
+#[derive(Debug, Default)]
+pub(super) struct Settled {
+    pub processed: i64,
+    pub failed: i64,
+    pub skipped: i64,
+    pub from_in_flight: i64,
+    pub from_held: i64,
+}
+
 /// Adds terminal counts to parents' projections and completes those whose last
 /// child went terminal. Returns the parents this completed.
-pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Tally>) -> StoreResult<Vec<ParentId>> {
+pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Settled>) -> StoreResult<Vec<ParentId>> {
     let mut completed = Vec::new();
     for (parent_id, delta) in deltas {
-        sqlx::query(concat!(
-            "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
-             last_progress_at = ",
-            now!(),
-            " WHERE parent_id = ?1"
-        ))
-        .bind(parent_id)
-        .bind(delta.processed)
-        .bind(delta.failed)
-        .bind(delta.skipped)
-        .execute(&mut **tx)
-        .await?;
+        static BUMP: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
+                 settled_in_flight = settled_in_flight + ?5, settled_held = settled_held + ?6, \
+                 last_progress_at = {now}, {minute} WHERE parent_id = ?1",
+                now = now!(),
+                minute = sql::count_minute("", super::MINUTE, "?2", "?3")
+            )
+        });
+        sqlx::query(AssertSqlSafe(BUMP.as_str()))
+            .bind(parent_id)
+            .bind(delta.processed)
+            .bind(delta.failed)
+            .bind(delta.skipped)
+            .bind(delta.from_in_flight)
+            .bind(delta.from_held)
+            .execute(&mut **tx)
+            .await?;
         let done: Option<String> = sqlx::query_scalar(AssertSqlSafe(COMPLETE_PARENT.as_str()))
             .bind(parent_id)
             .fetch_optional(&mut **tx)

@@ -111,10 +111,10 @@ pub(in crate::store) async fn insert_chunk(
         ""
     };
     let states: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at) \
+        "INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at, changed_at) \
          SELECT ?1, value ->> 0, value ->> 1, value -> 2, \
              CASE WHEN value ->> 3 IS NULL THEN 'pending' ELSE 'skipped' END, value ->> 3, \
-             CASE WHEN value ->> 3 IS NULL THEN NULL ELSE {now} END \
+             CASE WHEN value ->> 3 IS NULL THEN NULL ELSE {now} END, {now} \
          FROM json_each(?2) WHERE true {on_conflict} RETURNING state",
         now = now!()
     )))

@@ -32,10 +32,15 @@ impl SqliteStore {
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'failed') \
                      AS rows_failed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'skipped') \
-                     AS rows_skipped \
-             FROM parent p WHERE p.position > ?1 AND (?2 IS NULL OR p.queue = ?2) AND {within} \
+                     AS rows_skipped, \
+                 {open}, \
+                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'in_flight') \
+                     AS rows_in_flight, \
+                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'held') AS rows_held \
+             FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id WHERE p.position > ?1 AND (?2 IS NULL OR p.queue = ?2) AND {within} \
              ORDER BY p.position LIMIT ?3",
-                within = sql::within_sqlite("?4")
+                within = sql::within_sqlite("?4"),
+                open = sql::open_counts!()
             )
         });
         let mut conn = self.read().await?;
@@ -48,5 +53,30 @@ impl SqliteStore {
             .await?;
         conn.finish().await?;
         Ok(DriftPage::from_rows(rows, page))
+    }
+}
+
+impl SqliteStore {
+    /// One row per queue (see `sql::queue_summaries`).
+    pub async fn queue_rows(
+        &self,
+        queue: Option<&QueueName>,
+        within: &QueueScope,
+    ) -> StoreResult<Vec<crate::store::rows::QueueRow>> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            sql::queue_summaries(
+                super::MINUTE,
+                "((julianday('now') - 2440587.5) * 86400.0)",
+                &sql::within_sqlite("$2"),
+            )
+        });
+        let mut conn = self.read().await?;
+        let rows = sqlx::query_as(AssertSqlSafe(SQL.as_str()))
+            .bind(queue.map(QueueName::as_str))
+            .bind(within.as_json())
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(rows)
     }
 }
