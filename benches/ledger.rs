@@ -162,6 +162,11 @@ struct Service {
 
 impl Service {
     async fn start(database_url: &str) -> Self {
+        Self::start_with(database_url, &[]).await
+    }
+
+    /// `start` with extra command-line flags.
+    async fn start_with(database_url: &str, extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -169,6 +174,7 @@ impl Service {
             .port();
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
             .args(["--listen", &format!("127.0.0.1:{port}"), "--database-url", database_url])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -1094,6 +1100,50 @@ async fn dashboard_beside_burn_down(admin_url: &str, n: usize) -> Vec<Scenario> 
     ]
 }
 
+/// A burn-down of `n` beside `fill` terminal children of complete parents,
+/// with the service keeping them, then (the same shape, a fresh database)
+/// with `--retain-complete-seconds 1`, so the pruner deletes them while the
+/// burn-down runs. Target: the burn-down keeps >= 0.9 of its rate.
+async fn pruning_beside_burn_down(admin_url: &str, n: usize, fill: i64) -> Vec<Scenario> {
+    let run = |tag: &'static str, retain: bool| async move {
+        let client = reqwest::Client::new();
+        let db = ScratchDb::create(admin_url, tag).await;
+        let setup = Service::start(&db.url).await;
+        fill_terminal(&db.url, fill).await;
+        register(&client, &setup.base, "burn", "pq", n).await;
+        setup.stop().await;
+        settle(&db.url).await;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let count = "SELECT count(*) FROM parent WHERE queue = 'done'";
+        let before: i64 = sqlx::query_scalar(count).fetch_one(&mut conn).await.unwrap();
+        let flags: &[&str] = if retain {
+            &["--retain-complete-seconds", "1"]
+        } else {
+            &[]
+        };
+        let service = Service::start_with(&db.url, flags).await;
+        let rate = burn_down_http(&service.base, &parent_paths("burn", WORKERS), 100, n as u64).await;
+        let after: i64 = sqlx::query_scalar(count).fetch_one(&mut conn).await.unwrap();
+        service.stop().await;
+        drop(conn);
+        db.drop_now().await;
+        (rate, before - after)
+    };
+    eprintln!("pruning {fill} terminal children beside a burn-down of {n} ...");
+    let (alone, _) = run("prunealone", false).await;
+    let (beside, pruned) = run("prunebeside", true).await;
+    vec![
+        Scenario::new("retention.beside_burn_down", "children/s", beside)
+            .against("the same burn-down, nothing pruned", alone)
+            .target(">= 0.9"),
+        Scenario::new(
+            "retention.pruned_meanwhile",
+            "complete parents of 10,000 children deleted during the burn-down",
+            pruned as f64,
+        ),
+    ]
+}
+
 #[tokio::main]
 async fn main() {
     let args = parse_args();
@@ -1113,6 +1163,7 @@ async fn main() {
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
+        scenarios.extend(pruning_beside_burn_down(&args.admin_url, sizes.burn, sizes.scale_rows).await);
         return print_table(&scenarios);
     }
 
@@ -1374,6 +1425,7 @@ async fn main() {
     // --- Dashboards: reads that do not grow with the ledger ---------------------
     scenarios.extend(dashboard_reads(&args.admin_url, huge).await);
     scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
+    scenarios.extend(pruning_beside_burn_down(&args.admin_url, sizes.burn, sizes.scale_rows).await);
 
     // --- Peers on the same Postgres -------------------------------------------
     if args.peers {

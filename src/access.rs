@@ -109,6 +109,25 @@ impl QueueScope {
     pub fn as_json(&self) -> Option<String> {
         (!self.every).then(|| serde_json::json!({"exact": self.exact, "prefixes": self.prefixes}).to_string())
     }
+
+    /// The scope `as_json` wrote (kept with a background job); `None` when
+    /// the text is not one.
+    pub fn from_json(json: Option<&str>) -> Option<Self> {
+        let Some(json) = json else {
+            return Some(Self::every());
+        };
+        #[derive(serde::Deserialize)]
+        struct Stored {
+            exact: Vec<String>,
+            prefixes: Vec<String>,
+        }
+        let stored: Stored = serde_json::from_str(json).ok()?;
+        Some(Self {
+            every: false,
+            exact: stored.exact,
+            prefixes: stored.prefixes,
+        })
+    }
 }
 
 /// Who is calling, and what they may do.

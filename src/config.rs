@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::access::Role;
+use crate::ledger::webhook::{AllowHosts, RetrySchedule, WebhookSecret};
 
 /// The longest long poll a claim may ask for (`wait_seconds`), by the contract.
 pub const MAX_WAIT_SECONDS: u64 = 20;
@@ -27,12 +28,43 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve HTTP (the default).
+    #[command(after_help = "Examples:\n  \
+        child-ledger serve --listen 0.0.0.0:8080 --tokens-file tokens.json\n  \
+        DATABASE_URL=postgres://ledger@db/ledger child-ledger")]
     Serve,
     /// Manage access tokens.
+    #[command(after_help = "Examples:\n  child-ledger token new --name ingest --role producer --queue events")]
     Token {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Apply the database migrations and exit (serving applies them too).
+    #[command(after_help = "Examples:\n  \
+        child-ledger migrate --database-url sqlite://child-ledger.db\n  \
+        DATABASE_URL=postgres://ledger@db/ledger child-ledger migrate")]
+    Migrate,
+    /// Print the OpenAPI document (JSON) and exit.
+    #[command(after_help = "Examples:\n  child-ledger openapi > openapi.json")]
+    Openapi,
+    /// Reconcile every parent's projection with its child rows, straight
+    /// against the database: a dry run unless `--apply`. Prints the report
+    /// (JSON) on stdout, progress on stderr.
+    #[command(after_help = "Examples:\n  \
+        child-ledger reconcile                    # dry run: report drift, write nothing\n  \
+        child-ledger reconcile --queue events --apply\n  \
+        DATABASE_URL=postgres://ledger@db/ledger child-ledger reconcile --apply > report.json")]
+    Reconcile {
+        /// Only this queue's parents.
+        #[arg(long, value_parser = parse_queue)]
+        queue: Option<crate::ledger::QueueName>,
+        /// Repair the drifted parents (without it, only report them).
+        #[arg(long)]
+        apply: bool,
+    },
+}
+
+fn parse_queue(queue: &str) -> Result<crate::ledger::QueueName, String> {
+    crate::ledger::QueueName::parse(queue).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,6 +106,10 @@ pub struct Config {
     /// How often expired leases are swept to pending, held or failed.
     #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000, global = true)]
     pub reap_interval_ms: u64,
+    /// Complete parents whose `completed_at` is older than this are deleted
+    /// with their children by a background pruner; 0 keeps them forever.
+    #[arg(long, env = "LEDGER_RETAIN_COMPLETE_SECONDS", default_value_t = 0, global = true)]
+    pub retain_complete_seconds: u64,
     /// Longest one database statement may run (Postgres `statement_timeout`;
     /// a transaction left idle ends after twice that).
     #[arg(long, env = "LEDGER_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..), global = true)]
@@ -104,11 +140,49 @@ pub struct Config {
     pub allow_anonymous: bool,
     #[command(flatten)]
     pub limits: Limits,
+    #[command(flatten)]
+    pub reconcile_jobs: ReconcileJobConfig,
+    #[command(flatten)]
+    pub webhooks: WebhookConfig,
 }
 
 impl Config {
     pub fn reap_interval(&self) -> Duration {
         Duration::from_millis(self.reap_interval_ms.max(10))
+    }
+
+    /// How long complete parents are kept, and how often the pruner looks
+    /// (a quarter of that, between 1 s and a minute); `None`: forever.
+    pub fn retention(&self) -> Option<(Duration, Duration)> {
+        let retain = Duration::from_secs(self.retain_complete_seconds);
+        (!retain.is_zero()).then(|| {
+            (
+                retain,
+                (retain / 4).clamp(Duration::from_secs(1), Duration::from_secs(60)),
+            )
+        })
+    }
+}
+
+/// How this replica works background reconcile jobs (`POST /v1/reconcile/jobs`).
+#[derive(Debug, Clone, Parser)]
+pub struct ReconcileJobConfig {
+    /// Parents a background reconcile job checks per step.
+    #[arg(long, env = "LEDGER_RECONCILE_JOB_BATCH", default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000), global = true)]
+    pub reconcile_job_batch: i64,
+    /// How long a replica holds a reconcile job without finishing a step
+    /// before another replica (or this one, restarted) takes it over.
+    #[arg(long, env = "LEDGER_RECONCILE_JOB_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    pub reconcile_job_lease_seconds: u64,
+}
+
+impl ReconcileJobConfig {
+    pub fn options(&self) -> crate::jobs::ReconcileJobOptions {
+        crate::jobs::ReconcileJobOptions {
+            lease: Duration::from_secs(self.reconcile_job_lease_seconds),
+            batch: self.reconcile_job_batch,
+            idle: Duration::from_millis(500),
+        }
     }
 }
 
@@ -172,6 +246,14 @@ pub struct Limits {
     /// fewer children rather than exceed it (`next_after` goes on from there).
     #[arg(long, env = "LEDGER_MAX_RESPONSE_BYTES", default_value_t = 16 * 1024 * 1024, global = true)]
     pub max_response_bytes: usize,
+    /// Hosts a parent's `webhook_url` may name, comma-separated: `host`,
+    /// `host:port` or `*.domain`. Default none: a `webhook_url` is refused.
+    #[arg(long, env = "LEDGER_WEBHOOK_ALLOW_HOSTS", default_value = "", value_parser = parse_allow_hosts, global = true)]
+    pub webhook_allow_hosts: AllowHosts,
+}
+
+fn parse_allow_hosts(list: &str) -> Result<AllowHosts, String> {
+    Ok(AllowHosts::parse(list))
 }
 
 impl Limits {
@@ -212,8 +294,37 @@ impl Default for Limits {
             max_bulk_bodies: 4,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,
+            webhook_allow_hosts: AllowHosts::default(),
         }
     }
+}
+
+/// The completion webhook sender (README, "Webhooks").
+#[derive(Debug, Clone, Parser)]
+pub struct WebhookConfig {
+    /// Key of the webhook signatures: `whsec_` and base64. Required when
+    /// `--webhook-allow-hosts` names any host; never shown nor logged.
+    #[arg(long, env = "LEDGER_WEBHOOK_SECRET", hide_env_values = true, value_parser = parse_secret, global = true)]
+    pub webhook_secret: Option<WebhookSecret>,
+    /// Delays between delivery attempts, in milliseconds, comma-separated;
+    /// after the last the event is given up.
+    #[arg(long, env = "LEDGER_WEBHOOK_RETRY_SCHEDULE_MS", value_parser = parse_schedule, hide = true, global = true)]
+    pub webhook_retry_schedule_ms: Option<RetrySchedule>,
+    /// How often the sender looks for due events on its own (it is also woken
+    /// when this process completes a parent).
+    #[arg(long, env = "LEDGER_WEBHOOK_POLL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..), hide = true, global = true)]
+    pub webhook_poll_ms: u64,
+    /// Longest one delivery attempt may take; its lease is twice that.
+    #[arg(long, env = "LEDGER_WEBHOOK_TIMEOUT_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(100..), hide = true, global = true)]
+    pub webhook_timeout_ms: u64,
+}
+
+fn parse_secret(secret: &str) -> Result<WebhookSecret, String> {
+    WebhookSecret::parse(secret)
+}
+
+fn parse_schedule(list: &str) -> Result<RetrySchedule, String> {
+    RetrySchedule::parse(list)
 }
 
 #[cfg(test)]

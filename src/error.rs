@@ -47,6 +47,8 @@ pub enum ApiError {
     ParentDecomposed(String),
     #[error("parent {0} is still decomposing: seal it before recording outcomes")]
     ParentDecomposing(String),
+    #[error("parent {0} is not complete: only a complete parent can be deleted")]
+    ParentNotComplete(String),
     #[error("seal with total {total} does not match the ledger")]
     SealMismatch {
         total: i64,
@@ -110,6 +112,7 @@ impl ApiError {
             | Self::DuplicateKey(_)
             | Self::ParentDecomposed(_)
             | Self::ParentDecomposing(_)
+            | Self::ParentNotComplete(_)
             | Self::SealMismatch { .. }
             | Self::OutcomeConflict { .. }
             | Self::ClaimMismatch(_)
@@ -139,6 +142,7 @@ impl ApiError {
             Self::DuplicateKey(_) => "duplicate-key",
             Self::ParentDecomposed(_) => "parent-decomposed",
             Self::ParentDecomposing(_) => "parent-decomposing",
+            Self::ParentNotComplete(_) => "parent-not-complete",
             Self::SealMismatch { .. } => "seal-mismatch",
             Self::OutcomeConflict { .. } => "outcome-conflict",
             Self::ClaimMismatch(_) => "claim-mismatch",
@@ -167,6 +171,7 @@ impl ApiError {
             Self::DuplicateKey(_) => "Duplicate child key",
             Self::ParentDecomposed(_) => "Parent already decomposed",
             Self::ParentDecomposing(_) => "Parent still decomposing",
+            Self::ParentNotComplete(_) => "Parent not complete",
             Self::SealMismatch { .. } => "Seal does not match the ledger",
             Self::OutcomeConflict { .. } => "A different outcome already won",
             Self::ClaimMismatch(_) => "Claim does not hold this child",
@@ -287,6 +292,7 @@ impl From<StoreError> for ApiError {
                 "a child key in this request is already used by another sequence of parent {parent_id}"
             )),
             StoreError::ParentDecomposed(parent_id) => Self::ParentDecomposed(parent_id.to_string()),
+            StoreError::ParentNotComplete(parent_id) => Self::ParentNotComplete(parent_id.to_string()),
             StoreError::SealMismatch { total, missing, extra } => Self::SealMismatch { total, missing, extra },
             StoreError::RetryConflict { child } => Self::RetryConflict { child },
             StoreError::Unavailable(err) => Self::Unavailable(err),

@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod jobs;
@@ -23,7 +24,7 @@ use axum::http::{HeaderName, Request};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-pub use jobs::{listen_for_work, reap_expired_leases};
+pub use jobs::{listen_for_work, prune_complete_parents, reap_expired_leases};
 pub use state::AppState;
 
 /// The header that carries a request's id: taken from the caller when sent,

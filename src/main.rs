@@ -10,7 +10,7 @@ use child_ledger::api::until_ready;
 use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
 use child_ledger::server::ServeOptions;
 use child_ledger::store::{Store, StoreOptions, backend_of, permanent_connect_error};
-use child_ledger::{AppState, app_with_timeout, listen_for_work, reap_expired_leases};
+use child_ledger::{AppState, app_with_timeout, listen_for_work, prune_complete_parents, reap_expired_leases};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -20,6 +20,11 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Token {
             command: TokenCommand::New { name, roles, queues },
         }) => print_new_token(&name, roles, queues),
+        Some(Command::Migrate) => child_ledger::cli::migrate(&cli.config.database_url).await,
+        Some(Command::Openapi) => child_ledger::cli::openapi(),
+        Some(Command::Reconcile { queue, apply }) => {
+            child_ledger::cli::reconcile(&cli.config.database_url, queue.as_ref(), apply).await
+        }
     }
 }
 
@@ -81,6 +86,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let backend =
         backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
     config.limits.check()?;
+    anyhow::ensure!(
+        config.limits.webhook_allow_hosts.is_empty() || config.webhooks.webhook_secret.is_some(),
+        "--webhook-allow-hosts needs --webhook-secret (LEDGER_WEBHOOK_SECRET, whsec_ and base64): every webhook is signed"
+    );
     if config.statement_timeout_seconds >= config.request_timeout_seconds {
         tracing::warn!(
             statement_timeout_seconds = config.statement_timeout_seconds,
@@ -134,6 +143,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tokio::spawn(reload_tokens_on_sighup(access, hangups));
     let reaper = tokio::spawn(reap_expired_leases(state.clone(), config.reap_interval()));
     let work_listener = tokio::spawn(listen_for_work(state.clone()));
+    let webhooks = child_ledger::jobs::WebhookSender::from_config(&config.webhooks, &config.limits.webhook_allow_hosts)
+        .map(|sender| tokio::spawn(child_ledger::jobs::send_webhooks(state.clone(), sender)));
+    let reconcile_jobs = tokio::spawn(child_ledger::jobs::work_reconcile_jobs(
+        state.clone(),
+        config.reconcile_jobs.options(),
+    ));
+    let pruner = config
+        .retention()
+        .map(|(retain, every)| tokio::spawn(prune_complete_parents(state.clone(), retain, every)));
     let _ = ready.set(app_with_timeout(
         state,
         Duration::from_secs(config.request_timeout_seconds),
@@ -152,6 +170,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     reaper.abort();
     work_listener.abort();
+    if let Some(webhooks) = webhooks {
+        webhooks.abort();
+    }
+    reconcile_jobs.abort();
+    if let Some(pruner) = pruner {
+        pruner.abort();
+    }
     tracing::info!("stopped");
     Ok(())
 }

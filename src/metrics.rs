@@ -109,6 +109,15 @@ pub struct Metrics {
     max_queues: usize,
     outcomes: Family<OutcomeLabels, Counter>,
     auth_failures: Family<ReasonLabel, Counter>,
+    webhook_deliveries: Family<StatusWord, Counter>,
+    webhook_backlog: Gauge,
+    pruned: Counter,
+}
+
+/// A webhook attempt's result: `delivered`, `retrying` or `failed` (given up).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusWord {
+    status: &'static str,
 }
 
 impl Default for Metrics {
@@ -181,6 +190,24 @@ impl Metrics {
             "Requests refused by access control, by reason (missing, malformed, unknown, forbidden, outside_queues)",
             Family::clone(&auth_failures),
         );
+        let pruned = Counter::default();
+        registry.register(
+            "child_ledger_pruned",
+            "Complete parents this process deleted with their children (retention pruner, DELETE /v1/parents/{id})",
+            Counter::clone(&pruned),
+        );
+        let webhook_deliveries = Family::default();
+        registry.register(
+            "child_ledger_webhook_deliveries",
+            "Completion webhook attempts by this process, by what came of them (delivered, retrying, failed: given up)",
+            Family::clone(&webhook_deliveries),
+        );
+        let webhook_backlog = Gauge::default();
+        registry.register(
+            "child_ledger_webhook_outbox_backlog",
+            "Completion events neither delivered nor given up, as this process's webhook sender last counted them",
+            Gauge::clone(&webhook_backlog),
+        );
         Self {
             registry,
             requests,
@@ -190,6 +217,9 @@ impl Metrics {
             max_queues: max_queues.max(1),
             outcomes,
             auth_failures,
+            webhook_deliveries,
+            webhook_backlog,
+            pruned,
         }
     }
 
@@ -227,6 +257,21 @@ impl Metrics {
     /// `unknown`, `forbidden`, `outside_queues`): a fixed set, never the token.
     pub fn auth_failure(&self, reason: &'static str) {
         self.auth_failures.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Complete parents deleted with their children.
+    pub fn pruned(&self, parents: u64) {
+        self.pruned.inc_by(parents);
+    }
+
+    /// A webhook attempt: `delivered`, `retrying` or `failed` (given up).
+    pub fn webhook_delivery(&self, status: &'static str) {
+        self.webhook_deliveries.get_or_create(&StatusWord { status }).inc();
+    }
+
+    /// The outbox backlog the webhook sender counted.
+    pub fn webhook_backlog(&self, events: i64) {
+        self.webhook_backlog.set(events);
     }
 
     /// Prometheus text exposition format 0.0.4 ([`CONTENT_TYPE`]).
@@ -420,6 +465,7 @@ mod tests {
         metrics.claimed("events", 1);
         metrics.outcome("processed", "applied");
         metrics.auth_failure("missing");
+        metrics.webhook_delivery("delivered");
         let pools = [PoolStats {
             name: "sqlite_writer",
             size: 1,
@@ -441,6 +487,9 @@ mod tests {
                 "# TYPE child_ledger_children_claimed_total counter",
                 "# TYPE child_ledger_outcomes_total counter",
                 "# TYPE child_ledger_auth_failures_total counter",
+                "# TYPE child_ledger_pruned_total counter",
+                "# TYPE child_ledger_webhook_deliveries_total counter",
+                "# TYPE child_ledger_webhook_outbox_backlog gauge",
                 "# TYPE child_ledger_leases_expired_total counter",
                 "# TYPE child_ledger_parents_completed_total counter",
                 "# TYPE child_ledger_waiting_claims gauge",

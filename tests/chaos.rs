@@ -4,7 +4,9 @@
 //! the queue drains. At the end every child is terminal exactly once, nothing
 //! is lost, every acknowledged outcome is durable, the projection equals the
 //! ledger (the reconcile sweep's dry run finds no drift), every parent is
-//! complete, and no replica answered 5xx while it was up.
+//! complete, and no replica answered 5xx while it was up. Every parent's
+//! completion webhook reaches a receiver in this process: one event per
+//! parent, none lost across the kill.
 //!
 //! Size and randomness come from the environment: `CHAOS_PARENTS` (8),
 //! `CHAOS_CHILDREN` per parent (150), `CHAOS_WORKERS` (8), `CHAOS_KILLS` (1),
@@ -38,6 +40,34 @@ const SKIP_ONE_IN: u64 = 40;
 const FAIL_ONE_IN: u64 = 10;
 
 type ChildId = (String, i64);
+
+/// The completion webhooks the replicas sent: `(parent, webhook-id)` per request.
+type Webhooks = Arc<Mutex<Vec<(String, String)>>>;
+
+/// A webhook receiver on a free port that answers 200 to `POST /hook/{parent}`.
+async fn webhook_receiver() -> (u16, Webhooks, tokio::task::JoinHandle<()>) {
+    async fn hook(
+        axum::extract::State(seen): axum::extract::State<Webhooks>,
+        axum::extract::Path(parent): axum::extract::Path<String>,
+        headers: axum::http::HeaderMap,
+    ) -> axum::http::StatusCode {
+        let id = headers
+            .get("webhook-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        seen.lock().unwrap().push((parent, id));
+        axum::http::StatusCode::OK
+    }
+    let seen: Webhooks = Arc::default();
+    let router = axum::Router::new()
+        .route("/hook/{parent}", axum::routing::post(hook))
+        .with_state(Arc::clone(&seen));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (port, seen, server)
+}
 
 /// xorshift64*: small, seeded, good enough to pick chaos.
 struct Rng(u64);
@@ -752,7 +782,18 @@ async fn chaos(backend: Backend) {
 
     let db = TestDatabase::new(backend).await;
     let store = db.store().await;
-    let flags = ["--reap-interval-ms", "200"];
+    let (hook_port, webhooks, _receiver) = webhook_receiver().await;
+    let allow = format!("127.0.0.1:{hook_port}");
+    let flags = [
+        "--reap-interval-ms",
+        "200",
+        "--webhook-allow-hosts",
+        &allow,
+        "--webhook-secret",
+        "whsec_Y2hhb3Mtd2ViaG9vay1zZWNyZXQ=",
+        "--webhook-poll-ms",
+        "200",
+    ];
     let mut processes = vec![ServiceProcess::start("chaos-a", &db.url, &flags).await];
     processes[0].ready().await;
     if backend == Backend::Postgres {
@@ -791,7 +832,8 @@ async fn chaos(backend: Backend) {
             .collect();
         let resp = http
             .put(format!("{base_a}/v1/parents/{id}"))
-            .json(&json!({"queue": QUEUE, "payload": {"chaos": p}, "children": children}))
+            .json(&json!({"queue": QUEUE, "payload": {"chaos": p}, "children": children,
+                          "webhook_url": format!("http://{allow}/hook/{id}")}))
             .send()
             .await
             .expect("register");
@@ -1056,6 +1098,33 @@ async fn chaos(backend: Backend) {
         failures.push(format!("reconcile dry run {status}: {sweep}"));
     }
 
+    // Every parent's completion event arrives, one per parent, whatever replica sent it.
+    let hooks_started = Instant::now();
+    let announced = loop {
+        let seen = webhooks.lock().unwrap().clone();
+        let parents_seen: HashSet<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+        if parents_seen.len() as u64 == parents || hooks_started.elapsed() > Duration::from_secs(30) {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let hooks_wait = hooks_started.elapsed();
+    let mut ids_by_parent: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    for (parent, id) in &announced {
+        ids_by_parent.entry(parent.as_str()).or_default().insert(id.as_str());
+    }
+    if ids_by_parent.len() as u64 != parents || ids_by_parent.values().any(|ids| ids.len() != 1) {
+        failures.push(format!(
+            "completion webhooks: {} of {parents} parents announced, ids per parent {:?}",
+            ids_by_parent.len(),
+            ids_by_parent.values().map(HashSet::len).collect::<Vec<_>>()
+        ));
+    }
+    let events = store.count_raw("SELECT count(*) FROM webhook_event").await.unwrap();
+    if events as u64 != parents {
+        failures.push(format!("{events} webhook events for {parents} parents"));
+    }
+
     failures.extend(book.anomalies.iter().cloned());
     if !book.server_errors.is_empty() {
         failures.push(format!(
@@ -1099,7 +1168,8 @@ async fn chaos(backend: Backend) {
          {conflict_answers} answered), late answers {}, kills {} (replica {} down {}; answered {after_restart} \
          requests after restart), connection errors {} (+{} to a replica that was up), posts re-sent after a \
          lost answer {} ({answer_lost} children applied without a seen answer), 5xx {} (+{} while down), \
-         final states {states:?}, wall {:.1} s (drained {:.1} s): {result}",
+         final states {states:?}, completion webhooks {} requests for {} parents (one id each; waited \
+         {hooks_wait:.1?} after the other checks), wall {:.1} s (drained {:.1} s): {result}",
         skipped.len(),
         shared.replicas.len(),
         get(&c.claims),
@@ -1124,6 +1194,8 @@ async fn chaos(backend: Backend) {
         get(&c.resent_posts),
         book.server_errors.len(),
         get(&c.server_errors_down),
+        announced.len(),
+        ids_by_parent.len(),
         started.elapsed().as_secs_f64(),
         drain_wall.as_secs_f64(),
     );

@@ -25,6 +25,8 @@ use crate::state::AppState;
 pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
     match (method.as_str(), route) {
         (_, "/healthz" | "/readyz") => None,
+        // A job's report names parents of every queue it reached.
+        ("GET" | "HEAD", "/v1/reconcile/jobs/{job_id}") => Some(Role::Admin),
         ("GET" | "HEAD", _) => Some(Role::Reader),
         ("PUT", "/v1/parents/{parent_id}")
         | ("POST", "/v1/parents/{parent_id}/children" | "/v1/parents/{parent_id}/seal") => Some(Role::Producer),
@@ -39,8 +41,16 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
         ) => Some(Role::Worker),
         (
             "POST",
-            "/v1/parents/{parent_id}/children/{sequence}/retry" | "/v1/parents/{parent_id}/reconcile" | "/v1/reconcile",
+            "/v1/parents/{parent_id}/children/{sequence}/retry"
+            | "/v1/parents/{parent_id}/reconcile"
+            | "/v1/reconcile"
+            | "/v1/reconcile/jobs"
+            | "/v1/parents/{parent_id}/deliveries/redeliver"
+            | "/v1/parents/{parent_id}/cancel"
+            | "/v1/queues/{queue}/pause"
+            | "/v1/queues/{queue}/resume",
         ) => Some(Role::Admin),
+        ("DELETE", "/v1/parents/{parent_id}") => Some(Role::Admin),
         _ => None,
     }
 }
@@ -246,6 +256,15 @@ mod tests {
         );
         assert_eq!(needed_role(&post, "/v1/outcomes"), Some(Role::Worker));
         assert_eq!(needed_role(&post, "/v1/reconcile"), Some(Role::Admin));
+        assert_eq!(needed_role(&post, "/v1/reconcile/jobs"), Some(Role::Admin));
+        assert_eq!(
+            needed_role(&post, "/v1/parents/{parent_id}/deliveries/redeliver"),
+            Some(Role::Admin)
+        );
+        assert_eq!(
+            needed_role(&Method::GET, "/v1/reconcile/jobs/{job_id}"),
+            Some(Role::Admin)
+        );
         assert_eq!(
             needed_role(&post, "/v1/parents/{parent_id}/children/{sequence}/retry"),
             Some(Role::Admin)

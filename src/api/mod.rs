@@ -5,6 +5,7 @@
 mod children;
 mod claims;
 mod dashboard;
+mod deliveries;
 mod etag;
 pub mod extract;
 pub mod guard;
@@ -38,6 +39,7 @@ pub use starting::until_ready;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(parents::router())
+        .merge(deliveries::router())
         .merge(children::router())
         .merge(claims::router())
         .merge(queues::router())

@@ -27,10 +27,11 @@ use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(register_parent, get_parent))
+        .routes(routes!(register_parent, get_parent, delete_parent))
         .routes(routes!(list_parents))
         .routes(routes!(append_children))
         .routes(routes!(seal_parent))
+        .routes(routes!(cancel_parent))
 }
 
 /// A parent registration: the full child list, written before anything is dispatched.
@@ -66,6 +67,10 @@ pub struct RegisterParent {
     #[schema(minimum = -100, maximum = 100)]
     #[serde(default, deserialize_with = "whole::option")]
     priority: Option<i32>,
+    /// Where to `POST` the `parent.completed` event when the parent completes
+    /// (signed, Standard Webhooks); its host must be in `--webhook-allow-hosts`.
+    #[schema(example = "https://hooks.example.com/ledger", max_length = 2048)]
+    webhook_url: Option<String>,
 }
 
 /// One child of a registration.
@@ -125,6 +130,15 @@ impl RegisterParent {
         }
         let priority = self.priority.unwrap_or(0);
         in_range("priority", priority, -100, 100)?;
+        if let Some(url) = &self.webhook_url {
+            if url.len() > 2048 {
+                return Err(ApiError::invalid("webhook_url", "longer than 2048 bytes"));
+            }
+            limits
+                .webhook_allow_hosts
+                .check(url)
+                .map_err(|why| ApiError::invalid("webhook_url", why))?;
+        }
         // Kept as the text sent; parsed once, only to fingerprint it as before.
         let parsed_payload: Option<Value> = match &self.payload {
             Some(payload) => {
@@ -151,6 +165,7 @@ impl RegisterParent {
             max_attempts: self.max_attempts,
             expired_lease,
             priority,
+            webhook_url: self.webhook_url.as_deref(),
             children: &children,
         });
         Ok(Registration {
@@ -161,6 +176,7 @@ impl RegisterParent {
             max_attempts: self.max_attempts,
             expired_lease,
             priority,
+            webhook_url: self.webhook_url,
             children,
             fingerprint,
         })
@@ -419,4 +435,76 @@ async fn seal_parent(
     let parent = state.store.seal(&parent_id, total).await?;
     state.signal_work(Work::of_registered(&parent));
     Ok(Json(parent))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelParent {
+    /// Why: every child not yet terminal is skipped with this reason.
+    #[schema(min_length = 1, max_length = 1000, example = "order withdrawn by the customer")]
+    reason: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Cancelled {
+    /// Children this call skipped (0 when the parent was already complete).
+    pub skipped: i64,
+    /// The parent after the cancel: complete.
+    pub parent: Parent,
+}
+
+/// Cancel a parent: every child not yet terminal becomes `skipped` with the
+/// reason, in one transaction, and the parent completes (sealed at what it
+/// holds if it was still being decomposed).
+///
+/// A worker's later outcome for one of those children loses to the cancel
+/// and is logged as a conflict. Cancelling a complete parent changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/parents/{parent_id}/cancel",
+    tag = "parents",
+    params(("parent_id" = ParentId, Path, description = "Parent id")),
+    request_body = CancelParent,
+    responses(
+        (status = 200, description = "Cancelled", body = Cancelled),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn cancel_parent(
+    State(state): State<AppState>,
+    Path(parent_id): Path<String>,
+    AppJson(body): AppJson<CancelParent>,
+) -> ApiResult<Json<Cancelled>> {
+    let parent_id = parent_id_param(&parent_id)?;
+    let reason = body.reason.trim();
+    if reason.is_empty() {
+        return Err(ApiError::invalid("reason", "must be a non-empty reason"));
+    }
+    super::validate::max_chars("reason", reason, super::validate::MAX_REASON_CHARS)?;
+    let skipped = state.store.cancel(&parent_id, reason).await?;
+    let parent = state.store.parent(&parent_id, false).await?;
+    Ok(Json(Cancelled { skipped, parent }))
+}
+
+/// Delete a complete parent with its children now (what the retention
+/// pruner does to parents complete for longer than `--retain-complete-seconds`).
+#[utoipa::path(
+    delete,
+    path = "/v1/parents/{parent_id}",
+    tag = "parents",
+    params(("parent_id" = ParentId, Path, description = "Parent id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not complete", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid id", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn delete_parent(State(state): State<AppState>, Path(parent_id): Path<String>) -> ApiResult<StatusCode> {
+    let parent_id = parent_id_param(&parent_id)?;
+    if state.store.delete_parent(&parent_id).await? {
+        state.metrics.pruned(1);
+    }
+    Ok(StatusCode::NO_CONTENT)
 }

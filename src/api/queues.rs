@@ -10,13 +10,15 @@ use utoipa_axum::routes;
 use super::extract::queue_param;
 use super::guard::Caller;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::Queue;
+use crate::ledger::{Queue, QueueName};
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_queues))
         .routes(routes!(get_queue))
+        .routes(routes!(pause_queue))
+        .routes(routes!(resume_queue))
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -62,4 +64,54 @@ async fn get_queue(State(state): State<AppState>, caller: Caller, Path(queue): P
         .next()
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no queue {queue}")))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct QueuePause {
+    pub queue: QueueName,
+    pub paused: bool,
+}
+
+/// Pause a queue: its claims, queue or parent, hand out nothing (long polls
+/// wait) until it is resumed. Stored in the database: every replica honours
+/// it at once. A queue with no parents yet may be paused too.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/pause",
+    tag = "queues",
+    params(("queue" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, description = "Paused", body = QueuePause),
+        (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn pause_queue(State(state): State<AppState>, Path(queue): Path<String>) -> ApiResult<Json<QueuePause>> {
+    let queue = queue_param(&queue)?;
+    state.store.set_paused(&queue, true).await?;
+    Ok(Json(QueuePause { queue, paused: true }))
+}
+
+/// Resume a paused queue; its waiting claims are woken.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/resume",
+    tag = "queues",
+    params(("queue" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, description = "Resumed", body = QueuePause),
+        (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn resume_queue(State(state): State<AppState>, Path(queue): Path<String>) -> ApiResult<Json<QueuePause>> {
+    let queue = queue_param(&queue)?;
+    if state.store.set_paused(&queue, false).await? {
+        let pending = state
+            .store
+            .queues(Some(&queue), &crate::access::QueueScope::every())
+            .await?
+            .first()
+            .map_or(0, |q| q.children.pending);
+        state.signal_work(crate::waiters::Work::in_queue(queue.clone(), pending.max(0) as u64));
+    }
+    Ok(Json(QueuePause { queue, paused: false }))
 }

@@ -3,6 +3,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -10,15 +11,23 @@ use utoipa_axum::routes;
 
 use super::extract::{AppJson, parent_id_param};
 use super::guard::Caller;
-use crate::error::{ApiResult, Problem};
-use crate::ledger::{ParentId, QueueName, ReconcileReport, SweepReport};
+use super::validate::in_range;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::ledger::{ParentId, QueueName, ReconcileJob, ReconcileReport, SweepReport};
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(reconcile_parent))
         .routes(routes!(reconcile_all))
+        .routes(routes!(start_job))
+        .routes(routes!(get_job))
 }
+
+/// Parents one `POST /v1/reconcile` checks when it names no `limit`.
+const DEFAULT_SWEEP_LIMIT: i64 = 1000;
+/// The most parents one `POST /v1/reconcile` may check.
+const MAX_SWEEP_LIMIT: i64 = 10_000;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -62,12 +71,31 @@ pub struct ReconcileAll {
     dry_run: Option<bool>,
     /// Only this queue's parents.
     queue: Option<QueueName>,
+    /// Most parents this call checks, 1-10000 (default 1000).
+    #[schema(minimum = 1, maximum = 10000)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous call: go on after the parents it checked.
+    #[schema(pattern = "^[0-9]{1,18}$")]
+    cursor: Option<String>,
 }
 
-/// Reconcile every parent, or one queue's.
+/// A sweep cursor as this service issues it: a parent position.
+fn sweep_cursor(cursor: Option<&str>) -> ApiResult<i64> {
+    let Some(cursor) = cursor else { return Ok(0) };
+    let issued = (1..=18).contains(&cursor.len()) && cursor.bytes().all(|b| b.is_ascii_digit());
+    cursor
+        .parse::<i64>()
+        .ok()
+        .filter(|_| issued)
+        .ok_or_else(|| ApiError::invalid("cursor", "not a cursor this service issued"))
+}
+
+/// Reconcile the parents (or one queue's), at most `limit` per call.
 ///
 /// Returns how many were checked, drifted and repaired, with the drifted
-/// parents' reports.
+/// parents' reports, and `next_cursor` to go on from (`null` once every
+/// parent was checked). For a sweep of the whole ledger in the background,
+/// use `POST /v1/reconcile/jobs`.
 #[utoipa::path(
     post,
     path = "/v1/reconcile",
@@ -83,10 +111,79 @@ async fn reconcile_all(
     caller: Caller,
     AppJson(body): AppJson<ReconcileAll>,
 ) -> ApiResult<Json<SweepReport>> {
+    let limit = in_range("limit", body.limit.unwrap_or(DEFAULT_SWEEP_LIMIT), 1, MAX_SWEEP_LIMIT)?;
+    let after = sweep_cursor(body.cursor.as_deref())?;
     Ok(Json(
         state
             .store
-            .reconcile_sweep(body.queue.as_ref(), &caller.0.queues, body.dry_run.unwrap_or(false))
+            .reconcile_sweep(
+                body.queue.as_ref(),
+                &caller.0.queues,
+                body.dry_run.unwrap_or(false),
+                after,
+                limit,
+            )
             .await?,
     ))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartJob {
+    /// `true`: only report (default `false`: repair).
+    dry_run: Option<bool>,
+    /// Only this queue's parents.
+    queue: Option<QueueName>,
+}
+
+/// Start a reconcile sweep of every parent (or one queue's) in the background.
+///
+/// Answers at once with the job; a background loop on any replica works it
+/// a page at a time, resuming after a restart, and marks it `failed` after
+/// repeated errors. `GET /v1/reconcile/jobs/{job_id}` shows its progress.
+#[utoipa::path(
+    post,
+    path = "/v1/reconcile/jobs",
+    tag = "reconcile",
+    request_body(content = StartJob, description = "`{\"dry_run\": false, \"queue\": \"events\"}`"),
+    responses(
+        (status = 202, body = ReconcileJob),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn start_job(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppJson(body): AppJson<StartJob>,
+) -> ApiResult<(StatusCode, Json<ReconcileJob>)> {
+    let job = state
+        .store
+        .create_reconcile_job(body.dry_run.unwrap_or(false), body.queue.as_ref(), &caller.0.queues)
+        .await?;
+    let queue = job.queue.as_ref().map(QueueName::as_str);
+    tracing::info!(job_id = %job.job_id, dry_run = job.dry_run, queue, "reconcile job started");
+    Ok((StatusCode::ACCEPTED, Json(job)))
+}
+
+/// A background reconcile sweep: its progress, and once `done` its report.
+#[utoipa::path(
+    get,
+    path = "/v1/reconcile/jobs/{job_id}",
+    tag = "reconcile",
+    params(("job_id" = uuid::Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, body = ReconcileJob),
+        (status = 404, description = "Unknown job", body = Problem, content_type = "application/problem+json"),
+        (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_job(State(state): State<AppState>, Path(job_id): Path<String>) -> ApiResult<Json<ReconcileJob>> {
+    let job_id =
+        uuid::Uuid::parse_str(&job_id).map_err(|e| ApiError::bad_request("job_id", format!("must be a uuid: {e}")))?;
+    state
+        .store
+        .reconcile_job(job_id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no reconcile job {job_id}")))
 }

@@ -93,6 +93,7 @@ pub struct RegistrationContent<'a> {
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
     pub priority: i32,
+    pub webhook_url: Option<&'a str>,
     pub children: &'a [NewChild],
 }
 
@@ -111,6 +112,11 @@ pub fn fingerprint(content: &RegistrationContent<'_>) -> String {
     if content.priority != 0 {
         hasher.update(b"priority");
         hasher.update(content.priority.to_le_bytes());
+    }
+    // Likewise only when set.
+    if let Some(url) = content.webhook_url {
+        hasher.update(b"webhook_url");
+        hash_str(&mut hasher, url);
     }
     hasher.update((content.children.len() as u64).to_le_bytes());
     for child in content.children {
@@ -136,6 +142,7 @@ mod tests {
             max_attempts: None,
             expired_lease: ExpiredLease::Retry,
             priority: 0,
+            webhook_url: None,
             children,
         }
     }
@@ -194,6 +201,9 @@ mod tests {
         let mut urgent = content("q", &base);
         urgent.priority = 5;
         assert_ne!(digest, fingerprint(&urgent));
+        let mut hooked = content("q", &base);
+        hooked.webhook_url = Some("https://hooks.example.com/done");
+        assert_ne!(digest, fingerprint(&hooked));
         assert_ne!(digest, fingerprint(&held));
     }
 

@@ -7,6 +7,7 @@ pub mod model;
 pub mod outcome;
 pub mod projection;
 pub mod state;
+pub mod webhook;
 
 pub use ids::{ParentId, QueueName, idempotency_key};
 pub use model::*;

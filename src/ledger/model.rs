@@ -46,6 +46,8 @@ pub struct Parent {
     pub expired_lease: ExpiredLease,
     /// Queue claims serve higher priorities first (-100..100).
     pub priority: i32,
+    /// Where its completion event is delivered (`POST`); `null`: none.
+    pub webhook_url: Option<String>,
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
@@ -68,6 +70,7 @@ pub struct ParentRow {
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
     pub priority: i32,
+    pub webhook_url: Option<String>,
     pub total: i64,
     pub processed: i64,
     pub failed: i64,
@@ -99,6 +102,7 @@ impl ParentRow {
             max_attempts: self.max_attempts,
             expired_lease: self.expired_lease,
             priority: self.priority,
+            webhook_url: self.webhook_url,
             created_at: self.created_at,
             decomposed_at: self.decomposed_at,
             completed_at: self.completed_at,
@@ -213,6 +217,8 @@ pub struct Registration {
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
     pub priority: i32,
+    /// Checked against `--webhook-allow-hosts`.
+    pub webhook_url: Option<String>,
     pub children: Vec<NewChild>,
     /// Digest of the whole registration: an identical repeat writes nothing.
     pub fingerprint: String,
@@ -334,6 +340,54 @@ pub struct SweepReport {
     pub repaired: u64,
     /// The drifted parents' reports.
     pub parents: Vec<ReconcileReport>,
+    /// Pass as `cursor` to check the next parents; `null` once every parent
+    /// has been checked.
+    pub next_cursor: Option<String>,
+}
+
+/// Where a background reconcile sweep is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Queued or being worked, a page at a time.
+    Running,
+    /// Every parent was checked: the report is final.
+    Done,
+    /// Stopped after repeated errors; `error` says the last one.
+    Failed,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A background reconcile sweep (`POST /v1/reconcile/jobs`): its progress so
+/// far and, once `done`, its report.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReconcileJob {
+    pub job_id: Uuid,
+    pub state: JobState,
+    pub dry_run: bool,
+    /// Only this queue's parents; `null`: every queue.
+    pub queue: Option<QueueName>,
+    /// Parents compared so far.
+    pub checked: u64,
+    /// Parents whose projection disagreed with their rows, so far.
+    pub drifted: u64,
+    /// Parents repaired, so far.
+    pub repaired: u64,
+    /// The first drifted parents' reports (at most 1000; `drifted` counts all).
+    pub parents: Vec<ReconcileReport>,
+    /// Why the job failed; `null` unless `failed` (or retrying a failed step).
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
 }
 
 /// A queue's summary for dashboards (`GET /v1/queues`): what its parents hold,
@@ -341,8 +395,8 @@ pub struct SweepReport {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Queue {
     pub queue: QueueName,
-    /// Whether claims of this queue are paused. No queue can be paused yet
-    /// (pausing comes with the lifecycle work), so this is always `false`.
+    /// Whether the queue is paused (`POST /v1/queues/{queue}/pause`): its
+    /// claims, queue or parent, hand out nothing until it is resumed.
     pub paused: bool,
     pub parents: QueueParents,
     /// Its parents' children, by state.

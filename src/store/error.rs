@@ -29,6 +29,9 @@ pub enum StoreError {
         missing: Vec<i64>,
         extra: Vec<i64>,
     },
+    /// Only a complete parent can be deleted.
+    #[error("parent {0} is not complete")]
+    ParentNotComplete(ParentId),
     /// Only a held (or already pending) child can be retried.
     #[error("child cannot be retried")]
     RetryConflict { child: Box<Child> },

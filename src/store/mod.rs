@@ -16,10 +16,12 @@ mod parents;
 mod postgres;
 mod queues;
 mod reconcile;
+mod reconcile_jobs;
 mod rows;
 mod sql;
 mod sqlite;
 mod steps;
+mod webhooks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +42,9 @@ use postgres::PgStore;
 /// `$3` claim id, `$4` worker, `$5` lease seconds; the queue's lanes bind `$1`
 /// queue, `$2` how many.
 pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
+pub use reconcile_jobs::{JobLease, JobStep};
 use sqlite::SqliteStore;
+pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};
 
 /// How many children one bulk statement writes or compares: a 100,000-child
 /// registration is a few statements in one transaction, so neither the bound
@@ -81,6 +85,8 @@ pub struct Store {
     expired_total: Arc<AtomicU64>,
     /// Parents this process completed, for the metrics.
     completed_total: Arc<AtomicU64>,
+    /// Wakes the webhook sender when this process completed a parent.
+    webhook_wake: Arc<tokio::sync::Notify>,
     /// Decomposed parents' largest payloads, which no longer change (see
     /// `claims::child_bytes`).
     child_bytes: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, Option<i64>>>>,
@@ -283,6 +289,7 @@ impl Store {
             outcome_batches: Arc::new(combine::Combiner::new(2)),
             expired_total: Arc::default(),
             completed_total: Arc::default(),
+            webhook_wake: Arc::default(),
             child_bytes: Arc::default(),
         })
     }
@@ -352,6 +359,8 @@ impl Store {
             return;
         }
         self.completed_total.fetch_add(parents.len() as u64, Ordering::Relaxed);
+        // Their completion events (if any) were committed with them.
+        self.webhook_wake.notify_one();
         for parent_id in parents {
             tracing::debug!(%parent_id, "parent complete");
         }

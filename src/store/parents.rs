@@ -2,7 +2,7 @@
 
 use super::{
     ChildFilter, ChildPage, ChildSearch, Db, ParentFilter, ParentPage, Store, StoreError, StoreResult, Tx, WRITE_CHUNK,
-    dispatch, in_tx,
+    dispatch, in_tx, webhooks,
 };
 use crate::ledger::budget::{ByteBudget, json_len};
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT};
@@ -10,6 +10,9 @@ use crate::ledger::{Appended, Child, ChildState, NewChild, Parent, ParentId, Que
 
 /// How many differing sequences an append conflict names at most.
 const DIFFERING_REPORTED: usize = 100;
+
+/// Children a pruner's transaction deletes at most.
+const PRUNE_BATCH: i64 = 5_000;
 
 /// Children read per statement while a page is filled.
 const PAGE_CHUNK: i64 = 100;
@@ -33,6 +36,9 @@ impl Store {
             .await?;
         if registration.decomposed {
             in_tx!(&mut tx, parents::open_lane(parent_id))?;
+        }
+        if completed {
+            webhooks::enqueue_completed(&mut tx, std::slice::from_ref(parent_id)).await?;
         }
         tx.commit().await?;
         if completed {
@@ -121,6 +127,9 @@ impl Store {
             completed = rows.is_complete(true);
             in_tx!(&mut tx, parents::mark_decomposed(parent_id, &rows, completed))?;
             in_tx!(&mut tx, parents::open_lane(parent_id))?;
+            if completed {
+                webhooks::enqueue_completed(&mut tx, std::slice::from_ref(parent_id)).await?;
+            }
         }
         tx.commit().await?;
         if completed {
@@ -221,6 +230,70 @@ impl Store {
                 });
             }
         }
+    }
+
+    /// Cancels a parent: every child not yet terminal becomes `skipped` with
+    /// `reason`, in one transaction, and the parent (sealed at what it holds,
+    /// if it was still being decomposed) completes. A holder's later outcome
+    /// loses to it and is logged as a conflict. Children are locked before the
+    /// parent row, as outcomes lock them. Returns how many children it skipped.
+    pub async fn cancel(&self, parent_id: &ParentId, reason: &str) -> StoreResult<i64> {
+        let mut tx = self.begin().await?;
+        let skipped = in_tx!(&mut tx, parents::skip_open_children(parent_id, reason))?;
+        let Some(was_complete) = in_tx!(&mut tx, parents::lock_complete(parent_id))? else {
+            return Err(StoreError::ParentNotFound(parent_id.clone()));
+        };
+        in_tx!(&mut tx, parents::close_cancelled(parent_id, skipped))?;
+        if !was_complete {
+            webhooks::enqueue_completed(&mut tx, std::slice::from_ref(parent_id)).await?;
+        }
+        tx.commit().await?;
+        if !was_complete {
+            self.completed(std::slice::from_ref(parent_id));
+        }
+        Ok(skipped.0)
+    }
+
+    /// Deletes a complete parent now (`DELETE /v1/parents/{id}`), as the
+    /// pruner does (see `prune`).
+    /// Whether this call deleted it (a pruner may have been first).
+    pub async fn delete_parent(&self, parent_id: &ParentId) -> StoreResult<bool> {
+        match dispatch!(self, s => s.parent_complete(parent_id).await)? {
+            None => Err(StoreError::ParentNotFound(parent_id.clone())),
+            Some(false) => Err(StoreError::ParentNotComplete(parent_id.clone())),
+            Some(true) => self.prune(parent_id, 0).await,
+        }
+    }
+
+    /// Complete parents whose completion is older than `age`, oldest first:
+    /// the pruner's next batch.
+    pub async fn prunable(&self, age: std::time::Duration, limit: i64) -> StoreResult<Vec<ParentId>> {
+        let ids = dispatch!(self, s => s.prunable(age, limit).await)?;
+        Ok(ids.into_iter().map(ParentId::from_ledger).collect())
+    }
+
+    /// Deletes a complete parent with its children: the children in batches
+    /// of `PRUNE_BATCH`, each its own transaction, so no lock is held for long
+    /// and nothing a claim needs is touched; the parent row last. Two replicas
+    /// pruning the same parent delete it once. After each batch it rests
+    /// `pace` times as long as the batch took (the background pruner yields
+    /// the database to the work it serves; `0` for an operator's delete).
+    /// Whether this call deleted the parent.
+    pub async fn prune(&self, parent_id: &ParentId, pace: u32) -> StoreResult<bool> {
+        loop {
+            let started = std::time::Instant::now();
+            let deleted = dispatch!(self, s => s.delete_children(parent_id, PRUNE_BATCH).await)?;
+            if deleted < PRUNE_BATCH as u64 {
+                break;
+            }
+            tokio::time::sleep(started.elapsed() * pace).await;
+        }
+        let deleted = dispatch!(self, s => s.delete_parent_row(parent_id).await)?;
+        self.child_bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(parent_id);
+        Ok(deleted)
     }
 
     pub async fn child(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<Child> {

@@ -15,4 +15,10 @@ impl Store {
         let rows = dispatch!(self, s => s.queue_rows(queue, within).await)?;
         Ok(rows.into_iter().map(QueueRow::into_queue).collect())
     }
+
+    /// Pauses (or resumes) a queue in the database, so every replica's claims
+    /// see it at once; whether that changed anything.
+    pub async fn set_paused(&self, queue: &QueueName, paused: bool) -> StoreResult<bool> {
+        dispatch!(self, s => s.set_paused(queue, paused).await)
+    }
 }

@@ -74,6 +74,7 @@ pub(crate) fn parent(row: &impl LedgerRow, include_payload: bool) -> Result<Pare
         max_attempts: row.opt_int32("max_attempts")?,
         expired_lease: parse_column(&row.text("expired_lease")?)?,
         priority: row.int32("priority")?,
+        webhook_url: row.opt_text("webhook_url")?,
         total: row.int("total")?,
         processed: row.int("processed")?,
         failed: row.int("failed")?,
@@ -363,7 +364,8 @@ impl DriftRow {
 #[derive(Debug, Default)]
 pub(crate) struct DriftPage {
     pub checked: u64,
-    pub drifted: Vec<ParentId>,
+    /// The drifted parents with their positions.
+    pub drifted: Vec<(ParentId, i64)>,
     pub next: Option<i64>,
 }
 
@@ -376,7 +378,7 @@ impl DriftPage {
             drifted: rows
                 .into_iter()
                 .filter(DriftRow::drifted)
-                .map(|r| ParentId::from_ledger(r.parent_id))
+                .map(|r| (ParentId::from_ledger(r.parent_id), r.position))
                 .collect(),
             next,
         }
@@ -403,6 +405,7 @@ pub(crate) struct QueueRow {
     pub oldest_pending_since: Option<chrono::DateTime<chrono::Utc>>,
     /// The database clock, in seconds since the epoch.
     pub epoch: f64,
+    pub paused: bool,
 }
 
 impl QueueRow {
@@ -410,7 +413,7 @@ impl QueueRow {
         use crate::ledger::{Counts, Queue, QueueParents, Throughput};
         Queue {
             queue: crate::ledger::QueueName::from_ledger(self.queue),
-            paused: false,
+            paused: self.paused,
             parents: QueueParents {
                 decomposing: self.decomposing,
                 active: self.active,

@@ -95,7 +95,7 @@ pub(crate) use open_counts;
 /// A parent row's columns with its open counts.
 pub(crate) const PARENT_SELECT: &str = concat!(
     "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
-    p.expired_lease, p.priority, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
+    p.expired_lease, p.priority, p.webhook_url, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
     p.last_progress_at, \
     p.position, ",
     open_counts!(),
@@ -132,6 +132,7 @@ pub(crate) fn queue_lanes(now: &str) -> String {
         "SELECT parent_id, priority, child_bytes FROM lane \
          WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) \
            AND (floor IS NOT NULL OR ready_at <= {now}) \
+           AND NOT EXISTS (SELECT 1 FROM queue_pause WHERE queue = $1) \
          ORDER BY priority DESC, served, position LIMIT $2"
     )
 }
@@ -196,7 +197,8 @@ pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String
              min(CASE WHEN l.floor IS NOT NULL OR l.ready_at IS NOT NULL THEN ( \
                  SELECT c.changed_at FROM child c WHERE c.parent_id = l.parent_id AND c.state = 'pending' \
                  ORDER BY c.changed_at LIMIT 1) END) AS oldest_pending_since, \
-             {epoch} AS epoch \
+             {epoch} AS epoch, \
+             EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
          GROUP BY p.queue ORDER BY p.queue"
@@ -218,6 +220,57 @@ pub(crate) fn count_minute(t: &str, minute: &str, processed: &str, failed: &str)
          minute = {minute}"
     )
 }
+
+/// A cancel's parent row: `$2` children skipped, of which `$3` were in
+/// flight and `$4` held (counted as outcomes count them), sealed at what it
+/// holds and complete. Returns whether this statement completed it. `now` is
+/// the dialect's clock.
+pub(crate) fn cancel_parent(now: &str) -> String {
+    format!(
+        "UPDATE parent SET skipped = skipped + $2, settled_in_flight = settled_in_flight + $3, \
+             settled_held = settled_held + $4, \
+             last_progress_at = CASE WHEN $2 > 0 THEN {now} ELSE last_progress_at END, \
+             decomposed_at = coalesce(decomposed_at, {now}), completed_at = coalesce(completed_at, {now}) \
+         WHERE parent_id = $1"
+    )
+}
+
+/// A cancelled parent's lane: nothing left to claim.
+pub(crate) const CLOSE_LANE: &str = "UPDATE lane SET floor = NULL, ready_at = NULL WHERE parent_id = $1";
+
+/// Whether a parent is complete; no row when it is missing.
+pub(crate) const PARENT_COMPLETE: &str = "SELECT completed_at IS NOT NULL FROM parent WHERE parent_id = $1";
+
+/// Deletes up to `$2` children of parent `$1` (the pruner's batch), by key.
+pub(crate) const DELETE_CHILDREN: &str = "DELETE FROM child WHERE parent_id = $1 AND sequence IN ( \
+    SELECT sequence FROM child WHERE parent_id = $1 ORDER BY sequence LIMIT $2)";
+
+/// What goes with a complete parent whose children are gone, before its row
+/// (`DELETE_PARENT`): its lane.
+pub(crate) const DELETE_WITH_PARENT: [&str; 1] = ["DELETE FROM lane WHERE parent_id = $1 \
+    AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
+    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)"];
+
+/// Deletes a complete parent whose children are gone.
+pub(crate) const DELETE_PARENT: &str = "DELETE FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL \
+    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
+
+/// Complete parents whose completion is older than `$1` seconds, oldest
+/// first, `$2` at most (the pruner's next batch); `ago` is the dialect's
+/// "now minus `$1` seconds".
+pub(crate) fn prunable(ago: &str) -> String {
+    format!(
+        "SELECT parent_id FROM parent WHERE completed_at IS NOT NULL AND completed_at < {ago} \
+         ORDER BY completed_at LIMIT $2"
+    )
+}
+
+/// Pauses queue `$1`; `now` is the dialect's clock.
+pub(crate) fn pause_queue(now: &str) -> String {
+    format!("INSERT INTO queue_pause (queue, paused_at) VALUES ($1, {now}) ON CONFLICT (queue) DO NOTHING")
+}
+
+pub(crate) const RESUME_QUEUE: &str = "DELETE FROM queue_pause WHERE queue = $1";
 
 /// A parent's stored projection for reconcile (its open counts less what
 /// outcomes settled; the lane's part is `LANE_OPEN`).

@@ -433,3 +433,133 @@ macro_rules! projection_steps {
     };
 }
 pub(super) use projection_steps;
+
+/// The parent and lane half of a cancel, in transaction `$tx` with the
+/// dialect's clock `$now` (see `sql::cancel_parent`).
+macro_rules! cancel_steps {
+    ($tx:ty, $now:expr) => {
+        /// Counts a cancel's skipped children on its parent, seals and completes
+        /// it, and closes its lane.
+        pub(in crate::store) async fn close_cancelled(
+            tx: &mut $tx,
+            parent_id: &$crate::ledger::ParentId,
+            (skipped, from_in_flight, from_held): (i64, i64, i64),
+        ) -> $crate::store::StoreResult<()> {
+            static SQL: std::sync::LazyLock<String> =
+                std::sync::LazyLock::new(|| $crate::store::sql::cancel_parent($now));
+            sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
+                .bind(parent_id.as_str())
+                .bind(skipped)
+                .bind(from_in_flight)
+                .bind(from_held)
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query($crate::store::sql::CLOSE_LANE)
+                .bind(parent_id.as_str())
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+    };
+}
+pub(super) use cancel_steps;
+
+/// Pausing queues and deleting complete parents, as `impl` methods of a
+/// backend store with the dialect's clock `$now` and its "`$1` seconds ago" `$ago`.
+macro_rules! lifecycle_steps {
+    ($store:ty, $now:expr, $ago:expr) => {
+        impl $store {
+            /// Pauses or resumes a queue; whether that changed anything.
+            pub async fn set_paused(
+                &self,
+                queue: &$crate::ledger::QueueName,
+                paused: bool,
+            ) -> $crate::store::StoreResult<bool> {
+                static PAUSE: std::sync::LazyLock<String> =
+                    std::sync::LazyLock::new(|| $crate::store::sql::pause_queue($now));
+                let sql = if paused {
+                    PAUSE.as_str()
+                } else {
+                    $crate::store::sql::RESUME_QUEUE
+                };
+                let mut tx = self.begin().await?;
+                let changed = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(queue.as_str())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                tx.commit().await?;
+                Ok(changed == 1)
+            }
+
+            /// Complete parents whose completion is older than `age`, oldest first.
+            pub async fn prunable(
+                &self,
+                age: std::time::Duration,
+                limit: i64,
+            ) -> $crate::store::StoreResult<Vec<String>> {
+                static SQL: std::sync::LazyLock<String> =
+                    std::sync::LazyLock::new(|| $crate::store::sql::prunable($ago));
+                let mut conn = self.read().await?;
+                let ids = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(age.as_secs_f64())
+                    .bind(limit)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                conn.finish().await?;
+                Ok(ids)
+            }
+
+            /// Deletes up to `batch` children of a parent, in a transaction of its own.
+            pub async fn delete_children(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+                batch: i64,
+            ) -> $crate::store::StoreResult<u64> {
+                let mut tx = self.begin().await?;
+                let deleted = sqlx::query($crate::store::sql::DELETE_CHILDREN)
+                    .bind(parent_id.as_str())
+                    .bind(batch)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                tx.commit().await?;
+                Ok(deleted)
+            }
+
+            /// Deletes a complete parent whose children are gone, with its
+            /// lane; whether it did.
+            pub async fn delete_parent_row(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+            ) -> $crate::store::StoreResult<bool> {
+                let mut tx = self.begin().await?;
+                for sql in $crate::store::sql::DELETE_WITH_PARENT {
+                    sqlx::query(sql)
+                        .bind(parent_id.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                let deleted = sqlx::query($crate::store::sql::DELETE_PARENT)
+                    .bind(parent_id.as_str())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                tx.commit().await?;
+                Ok(deleted == 1)
+            }
+
+            /// Whether a parent is complete, `None` when it is missing.
+            pub async fn parent_complete(
+                &self,
+                parent_id: &$crate::ledger::ParentId,
+            ) -> $crate::store::StoreResult<Option<bool>> {
+                Ok(sqlx::query_scalar($crate::store::sql::PARENT_COMPLETE)
+                    .bind(parent_id.as_str())
+                    .fetch_optional(&mut *self.read().await?)
+                    .await?)
+            }
+        }
+    };
+}
+pub(super) use lifecycle_steps;

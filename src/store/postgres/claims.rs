@@ -32,7 +32,8 @@ fn lane_claim(lock: &str) -> String {
     format!(
         "WITH lane AS ( \
              SELECT queue, floor, ready_at <= now() AS due, (floor IS NOT NULL OR ready_at <= now()) AS open \
-             FROM lane WHERE parent_id = $1 {lock}), \
+             FROM lane WHERE parent_id = $1 \
+               AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue) {lock}), \
          fresh AS ( \
              SELECT c.parent_id, c.sequence FROM child c \
              WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NULL \

@@ -8,7 +8,9 @@ mod held;
 pub(super) mod outcomes;
 pub(super) mod parents;
 pub(super) mod reconcile;
+pub(super) mod reconcile_jobs;
 mod rows;
+pub(super) mod webhooks;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};

@@ -21,7 +21,8 @@ use crate::store::{StoreResult, retry_transient, sql};
 /// statement sets `completed_at`; `completed` holds where it was set to this
 /// transaction's `now()` and the counts before this statement's delta were
 /// short of the total (so another transaction that started in the same
-/// microsecond and completed it first is not counted twice).
+/// microsecond and completed it first is not counted twice). Their webhook
+/// events are written by the same statement (`webhooks::ENQUEUE_BUMPED`).
 pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "bumped AS ( \
@@ -33,13 +34,15 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
              FROM deltas d WHERE p.parent_id = d.parent_id \
              RETURNING p.parent_id, p.completed_at = now() \
                  AND p.processed + p.failed + p.skipped - d.processed - d.failed - d.skipped < p.total \
-                 AS completed)",
+                 AS completed), \
+         {enqueue}",
         sql::complete(
             "p.decomposed_at IS NOT NULL",
             "p.processed + d.processed + p.failed + d.failed + p.skipped + d.skipped",
             "p.total"
         ),
-        minute = sql::count_minute("p.", super::MINUTE, "d.processed", "d.failed")
+        minute = sql::count_minute("p.", super::MINUTE, "d.processed", "d.failed"),
+        enqueue = super::webhooks::ENQUEUE_BUMPED
     )
 });
 

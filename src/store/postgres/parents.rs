@@ -14,9 +14,9 @@ use crate::store::{StoreError, StoreResult, sql, steps};
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
-                             total, skipped, priority, child_bytes, decomposed_at, completed_at) \
+                             total, skipped, priority, child_bytes, decomposed_at, completed_at, webhook_url) \
          VALUES ($1, $2, $3::json, $4, $5, $6, $7, $8, $10, $11, CASE WHEN $9 THEN now() END, \
-                 CASE WHEN {} THEN now() END) \
+                 CASE WHEN {} THEN now() END, $12) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL",
         sql::complete("$9", "$8", "$7")
     )
@@ -103,6 +103,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut PgTx, reg: &Registration) -
         .bind(reg.decomposed)
         .bind(reg.priority)
         .bind(largest_payload(&reg.children))
+        .bind(reg.webhook_url.as_deref())
         .fetch_optional(&mut **tx)
         .await?)
 }
@@ -142,3 +143,39 @@ pub(in crate::store) async fn insert_chunk(
     .map_err(|err| StoreError::from_child_insert(err, parent_id))?;
     Ok((inserted as u64, skipped))
 }
+
+/// Skips every non-terminal child of a parent with `reason` (see
+/// `Store::cancel`). Returns how many, and how many of them were in flight
+/// and held.
+pub(in crate::store) async fn skip_open_children(
+    tx: &mut PgTx,
+    parent_id: &ParentId,
+    reason: &str,
+) -> StoreResult<(i64, i64, i64)> {
+    Ok(sqlx::query_as(
+        "WITH cancelled AS ( \
+             UPDATE child c SET state = 'skipped', reason = $2, terminal_at = now(), changed_at = now(), \
+                 settled_from = c.state \
+             WHERE c.parent_id = $1 AND c.state IN ('pending', 'in_flight', 'held') \
+             RETURNING c.settled_from) \
+         SELECT count(*), count(*) FILTER (WHERE settled_from = 'in_flight'), \
+             count(*) FILTER (WHERE settled_from = 'held') FROM cancelled",
+    )
+    .bind(parent_id.as_str())
+    .bind(reason)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+/// Locks a parent row after its children; whether it is complete, `None` when missing.
+pub(in crate::store) async fn lock_complete(tx: &mut PgTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| format!("{} FOR UPDATE", sql::PARENT_COMPLETE));
+    Ok(sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
+        .bind(parent_id.as_str())
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
+steps::cancel_steps!(PgTx, "now()");
+
+steps::lifecycle_steps!(PgStore, "now()", "now() - make_interval(secs => $1)");

@@ -81,3 +81,23 @@ impl PgStore {
         Ok(rows)
     }
 }
+
+impl PgStore {
+    /// How many parents (of one queue) within `within` there are.
+    pub async fn count_parents(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<u64> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT count(*) FROM parent p WHERE ($1::text IS NULL OR p.queue = $1) AND {within}",
+                within = sql::within_postgres("$2")
+            )
+        });
+        let mut conn = self.read().await?;
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
+            .bind(queue.map(QueueName::as_str))
+            .bind(within.as_json())
+            .fetch_one(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(count as u64)
+    }
+}

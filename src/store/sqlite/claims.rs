@@ -135,7 +135,8 @@ impl SqliteStore {
         let lane: Option<(Option<i64>, bool)> = sqlx::query_as(concat!(
             "SELECT floor, coalesce(ready_at <= ",
             now!(),
-            ", 0) FROM lane WHERE parent_id = ?1"
+            ", 0) FROM lane WHERE parent_id = ?1 \
+             AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
         ))
         .bind(parent_id.as_str())
         .fetch_optional(&mut *tx)

@@ -9,7 +9,9 @@ mod held;
 pub(super) mod outcomes;
 pub(super) mod parents;
 pub(super) mod reconcile;
+pub(super) mod reconcile_jobs;
 mod rows;
+pub(super) mod webhooks;
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::str::FromStr;

@@ -132,6 +132,8 @@ pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Sett
             .await?;
         completed.extend(done.map(ParentId::from_ledger));
     }
+    // Their webhook events, in the transaction that completed them.
+    super::webhooks::enqueue_completed(tx, &completed).await?;
     Ok(completed)
 }
 

@@ -13,9 +13,10 @@ use crate::store::{StoreError, StoreResult, sql, steps};
 static REGISTER: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
-                             total, skipped, priority, child_bytes, created_at, decomposed_at, completed_at) \
+                             total, skipped, priority, child_bytes, created_at, decomposed_at, completed_at, \
+                             webhook_url) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10, ?11, {now}, CASE WHEN ?9 THEN {now} END, \
-                 CASE WHEN {complete} THEN {now} END) \
+                 CASE WHEN {complete} THEN {now} END, ?12) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL",
         now = now!(),
         complete = sql::complete("?9", "?8", "?7")
@@ -92,6 +93,7 @@ pub(in crate::store) async fn insert_parent(tx: &mut SqliteTx, reg: &Registratio
         .bind(reg.decomposed)
         .bind(reg.priority)
         .bind(largest_payload(&reg.children))
+        .bind(reg.webhook_url.as_deref())
         .fetch_optional(&mut **tx)
         .await?)
 }
@@ -126,3 +128,45 @@ pub(in crate::store) async fn insert_chunk(
     let skipped = states.iter().filter(|s| *s == "skipped").count() as i64;
     Ok((states.len() as u64, skipped))
 }
+
+/// Skips every non-terminal child of a parent with `reason` (see
+/// `Store::cancel`). Returns how many, and how many of them were in flight
+/// and held.
+pub(in crate::store) async fn skip_open_children(
+    tx: &mut SqliteTx,
+    parent_id: &ParentId,
+    reason: &str,
+) -> StoreResult<(i64, i64, i64)> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE child SET state = 'skipped', reason = ?2, terminal_at = {now}, changed_at = {now}, \
+                 settled_from = state \
+             WHERE parent_id = ?1 AND state IN ('pending', 'in_flight', 'held') RETURNING settled_from",
+            now = now!()
+        )
+    });
+    let from: Vec<String> = sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
+        .bind(parent_id.as_str())
+        .bind(reason)
+        .fetch_all(&mut **tx)
+        .await?;
+    let count = |state: &str| from.iter().filter(|s| *s == state).count() as i64;
+    Ok((from.len() as i64, count("in_flight"), count("held")))
+}
+
+/// Whether a parent is complete, `None` when missing (the write transaction
+/// holds SQLite's one write lock).
+pub(in crate::store) async fn lock_complete(tx: &mut SqliteTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {
+    Ok(sqlx::query_scalar(sql::PARENT_COMPLETE)
+        .bind(parent_id.as_str())
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
+steps::cancel_steps!(SqliteTx, now!());
+
+steps::lifecycle_steps!(
+    SqliteStore,
+    now!(),
+    "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || $1 || ' seconds')"
+);

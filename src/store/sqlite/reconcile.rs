@@ -80,3 +80,23 @@ impl SqliteStore {
         Ok(rows)
     }
 }
+
+impl SqliteStore {
+    /// How many parents (of one queue) within `within` there are.
+    pub async fn count_parents(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<u64> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT count(*) FROM parent p WHERE (?1 IS NULL OR p.queue = ?1) AND {within}",
+                within = sql::within_sqlite("?2")
+            )
+        });
+        let mut conn = self.read().await?;
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
+            .bind(queue.map(QueueName::as_str))
+            .bind(within.as_json())
+            .fetch_one(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(count as u64)
+    }
+}

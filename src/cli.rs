@@ -1,0 +1,106 @@
+//! The one-shot subcommands: `migrate`, `openapi` and `reconcile`, each run
+//! against the configured database and then exit.
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::Context;
+
+use crate::access::QueueScope;
+use crate::ledger::{QueueName, SweepReport};
+use crate::store::{Store, backend_of};
+
+/// Parents the command-line sweep checks per call: how often it reports progress.
+const PAGE: i64 = 500;
+
+/// Drifted parents' reports the command-line sweep prints (`drifted` counts all).
+const PARENTS_SHOWN: usize = 1000;
+
+async fn connect(database_url: &str) -> anyhow::Result<Store> {
+    backend_of(database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
+    Store::connect(database_url).await
+}
+
+/// `migrate`: applies the migrations and says so on stderr.
+pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
+    let store = connect(database_url).await?;
+    store.migrate().await.context("applying migrations")?;
+    eprintln!("migrations applied ({})", store.backend());
+    Ok(())
+}
+
+/// `openapi`: the document as `openapi/openapi.json` holds it.
+pub fn openapi() -> anyhow::Result<()> {
+    let mut doc = serde_json::to_string_pretty(&crate::api::openapi())?;
+    doc.push('\n');
+    std::io::stdout().write_all(doc.as_bytes())?;
+    Ok(())
+}
+
+/// `reconcile`: sweeps every parent (or one queue's) a page at a time, with a
+/// progress bar on a terminal and a line per page otherwise; prints the report
+/// as JSON on stdout.
+pub async fn reconcile(database_url: &str, queue: Option<&QueueName>, apply: bool) -> anyhow::Result<()> {
+    let store = connect(database_url).await?;
+    let every = QueueScope::every();
+    let total = store.count_parents(queue, &every).await.context("counting parents")?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} parents (eta {eta}) {msg}",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    });
+    let dry_run = !apply;
+    let mut report = SweepReport {
+        dry_run,
+        checked: 0,
+        drifted: 0,
+        repaired: 0,
+        parents: Vec::new(),
+        next_cursor: None,
+    };
+    let mut after = 0;
+    loop {
+        let page = store
+            .reconcile_sweep(queue, &every, dry_run, after, PAGE)
+            .await
+            .context("reconciling")?;
+        report.checked += page.checked;
+        report.drifted += page.drifted;
+        report.repaired += page.repaired;
+        let room = PARENTS_SHOWN.saturating_sub(report.parents.len());
+        report.parents.extend(page.parents.into_iter().take(room));
+        let progress = format!("{} drifted, {} repaired", report.drifted, report.repaired);
+        match &bar {
+            Some(bar) => {
+                bar.inc(page.checked);
+                bar.set_message(progress);
+            }
+            None => eprintln!("checked {}/{total} parents: {progress}", report.checked),
+        }
+        match page.next_cursor.as_deref().map(str::parse::<i64>) {
+            Some(Ok(position)) => after = position,
+            Some(Err(err)) => anyhow::bail!("the sweep returned an unreadable cursor: {err}"),
+            None => break,
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    eprintln!(
+        "{}: checked {}, drifted {}, repaired {}",
+        if dry_run {
+            "dry run (pass --apply to repair)"
+        } else {
+            "applied"
+        },
+        report.checked,
+        report.drifted,
+        report.repaired
+    );
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! The retention pruner: complete parents older than `--retain-complete-seconds`
+//! are deleted with their children, a bounded batch at a time.
+
+use std::time::Duration;
+
+use crate::state::AppState;
+
+/// Parents one round of the pruner looks at.
+const ROUND: i64 = 100;
+
+/// After each batch of deletes the pruner rests this many times as long as
+/// the batch took: it uses the database a sixth of the time at most, so a
+/// burn-down beside it keeps its pace (`cargo bench`, `retention.*`).
+const PACE: u32 = 5;
+
+/// Every `interval`, deletes the parents complete for longer than `retain`,
+/// oldest first, until none is left, then waits for the next tick. Each
+/// parent's children go in batches of their own transactions (see
+/// `Store::prune`), so the pruner never holds a lock a claim or an outcome
+/// waits for. Replicas may all run it: a parent is deleted once.
+pub async fn prune_complete_parents(state: AppState, retain: Duration, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(err) = prune_round(&state, retain).await {
+            tracing::warn!(error = %err, "pruning failed; retrying next tick");
+        }
+    }
+}
+
+async fn prune_round(state: &AppState, retain: Duration) -> crate::store::StoreResult<()> {
+    loop {
+        let parents = state.store.prunable(retain, ROUND).await?;
+        let mut pruned = 0;
+        for parent_id in &parents {
+            pruned += u64::from(state.store.prune(parent_id, PACE).await?);
+        }
+        if pruned > 0 {
+            state.metrics.pruned(pruned);
+            tracing::info!(pruned, "complete parents deleted");
+        }
+        if (parents.len() as i64) < ROUND {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The completion webhook sender: claims due events from the outbox with a
+//! lease, `POST`s each signed the Standard Webhooks way, and records every
+//! attempt. Every replica runs one; the leases keep them off each other's
+//! attempts, and a killed replica's lease runs out for another to take over.
+
+use std::time::Duration;
+
+use chrono::{SecondsFormat, Utc};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::WebhookConfig;
+use crate::ledger::webhook::{AllowHosts, RetrySchedule, WebhookSecret};
+use crate::state::AppState;
+use crate::store::{AttemptOutcome, DueEvent};
+
+/// Events claimed per round; a full round is followed by another at once.
+const BATCH: i64 = 32;
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// What the sender needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct WebhookSender {
+    pub secret: WebhookSecret,
+    pub allow: AllowHosts,
+    pub schedule: RetrySchedule,
+    pub poll: Duration,
+    /// Longest one attempt may take; the lease is twice that.
+    pub timeout: Duration,
+}
+
+impl WebhookSender {
+    /// The sender the configuration asks for; `None` without a secret (no
+    /// event can be signed, so none is sent: they wait in the outbox).
+    pub fn from_config(config: &WebhookConfig, allow: &AllowHosts) -> Option<Self> {
+        Some(Self {
+            secret: config.webhook_secret.clone()?,
+            allow: allow.clone(),
+            schedule: config.webhook_retry_schedule_ms.clone().unwrap_or_default(),
+            poll: Duration::from_millis(config.webhook_poll_ms),
+            timeout: Duration::from_millis(config.webhook_timeout_ms),
+        })
+    }
+}
+
+/// Delivers due events until the process ends: at once when this process
+/// completes a parent, and every `poll` for other replicas' and retries.
+pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .build();
+    let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector);
+    let me = format!("{:016x}", state.replica);
+    let lease = sender.timeout * 2;
+    loop {
+        let mut full = false;
+        match state.store.claim_webhooks(BATCH, lease).await {
+            Ok(events) => {
+                full = events.len() as i64 == BATCH;
+                let attempts = events
+                    .into_iter()
+                    .map(|event| attempt(&state, &client, &sender, &me, event));
+                futures::future::join_all(attempts).await;
+            }
+            Err(err) => tracing::warn!(error = %err, "webhook claim failed; retrying"),
+        }
+        match state.store.webhook_backlog().await {
+            Ok(backlog) => state.metrics.webhook_backlog(backlog),
+            Err(err) => tracing::debug!(error = %err, "webhook backlog not counted"),
+        }
+        if !full {
+            tokio::select! {
+                () = state.store.webhook_due() => {}
+                () = tokio::time::sleep(sender.poll) => {}
+            }
+        }
+    }
+}
+
+/// One attempt at one event, recorded.
+async fn attempt(state: &AppState, client: &HttpsClient, sender: &WebhookSender, me: &str, event: DueEvent) {
+    let webhook_id = event.webhook_id();
+    let (status_code, error) = match post(state, client, sender, &event, &webhook_id).await {
+        Ok(status) if (200..300).contains(&status) => (Some(status), None),
+        Ok(status) => (Some(status), Some(format!("answered {status}"))),
+        Err(error) => (None, Some(error)),
+    };
+    let delivered = error.is_none();
+    let failures = u32::try_from(event.failures).unwrap_or(0) + 1;
+    let retry_in = if delivered {
+        None
+    } else {
+        sender.schedule.after(failures)
+    };
+    let status = match (delivered, retry_in) {
+        (true, _) => "delivered",
+        (false, Some(_)) => "retrying",
+        (false, None) => "failed",
+    };
+    state.metrics.webhook_delivery(status);
+    match &error {
+        None => tracing::info!(parent_id = %event.parent_id, webhook_id, attempt = event.attempt, "webhook delivered"),
+        Some(error) => tracing::warn!(
+            parent_id = %event.parent_id,
+            webhook_id,
+            attempt = event.attempt,
+            error,
+            retry_in_ms = retry_in.map(|d| d.as_millis() as u64),
+            "webhook not delivered"
+        ),
+    }
+    let outcome = AttemptOutcome {
+        status_code,
+        error,
+        delivered,
+        retry_in,
+    };
+    if let Err(err) = state.store.record_webhook_attempt(&event, &outcome, me).await {
+        // Its lease runs out and the event is attempted again, with the same id.
+        tracing::warn!(error = %err, webhook_id, "webhook attempt not recorded");
+    }
+}
+
+/// Sends the event; its status, or why there was none.
+async fn post(
+    state: &AppState,
+    client: &HttpsClient,
+    sender: &WebhookSender,
+    event: &DueEvent,
+    webhook_id: &str,
+) -> Result<u16, String> {
+    // Checked again at every attempt: the allowed hosts may have changed.
+    sender.allow.check(&event.url)?;
+    let body = match &event.body {
+        Some(body) => body.clone(),
+        None => {
+            let body = event_body(state, event).await?;
+            state
+                .store
+                .fix_webhook_body(event.event_id, &body)
+                .await
+                .map_err(|e| format!("database: {e}"))?
+        }
+    };
+    let timestamp = Utc::now().timestamp();
+    let request = hyper::Request::post(&event.url)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(
+            hyper::header::USER_AGENT,
+            concat!("child-ledger/", env!("CARGO_PKG_VERSION")),
+        )
+        .header("webhook-id", webhook_id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", sender.secret.sign(webhook_id, timestamp, &body))
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| format!("request: {e}"))?;
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("connection: {}", chain(&e)))?;
+        let status = response.status().as_u16();
+        // Read (and drop) the answer so the connection can be reused.
+        let _ = response.into_body().collect().await;
+        Ok(status)
+    };
+    tokio::time::timeout(sender.timeout, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("timed out after {} ms", sender.timeout.as_millis())))
+}
+
+/// An error with its causes (hyper's own words are terse: "client error (Connect)").
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `{"type": "parent.completed", "timestamp", "data": {parent_id, queue, counts, completed_at}}`.
+async fn event_body(state: &AppState, event: &DueEvent) -> Result<String, String> {
+    let parent = state
+        .store
+        .parent(&event.parent_id, false)
+        .await
+        .map_err(|e| format!("database: {e}"))?;
+    let completed_at = parent
+        .completed_at
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true));
+    let body = serde_json::json!({
+        "type": "parent.completed",
+        "timestamp": completed_at,
+        "data": {
+            "parent_id": parent.parent_id,
+            "queue": parent.queue,
+            "counts": parent.counts,
+            "completed_at": completed_at,
+        }
+    });
+    Ok(body.to_string())
+}

@@ -1,0 +1,206 @@
+//! The one-shot subcommands, run as the real binary: `migrate`, `openapi`,
+//! `reconcile`, and the examples each `--help` shows.
+
+mod common;
+
+use std::process::Output;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
+
+/// Runs `child-ledger args...` with `DATABASE_URL` unset (so only `--database-url` counts).
+async fn run(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("run child-ledger")
+}
+
+#[track_caller]
+fn succeeded(output: &Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "{}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    (stdout, stderr)
+}
+
+fn migrations(backend: Backend) -> i64 {
+    let dialect = match backend {
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
+    };
+    std::fs::read_dir(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(dialect),
+    )
+    .unwrap()
+    .count() as i64
+}
+
+async fn migrate_applies_every_migration_and_exits(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let (_, stderr) = succeeded(&run(&["migrate", "--database-url", &db.url]).await);
+    assert!(stderr.contains("migrations applied"), "{stderr}");
+    let raw = db.store().await;
+    let applied = raw
+        .count_raw("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .await
+        .unwrap();
+    println!("{backend:?}: migrate applied {applied} migrations");
+    assert_eq!(applied, migrations(backend));
+    assert_eq!(raw.count_raw("SELECT count(*) FROM reconcile_job").await.unwrap(), 0);
+    // Again: nothing left to apply, and still a success.
+    succeeded(&run(&["migrate", "--database-url", &db.url]).await);
+    assert_eq!(
+        raw.count_raw("SELECT count(*) FROM _sqlx_migrations").await.unwrap(),
+        migrations(backend)
+    );
+}
+
+async fn reconcile_reports_then_applies(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for (parent, queue) in [("C-1", "events"), ("C-2", "events"), ("C-3", "other")] {
+        let r = app
+            .put(
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": queue, "children": children(2)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    }
+    let r = app
+        .post("/v1/parents/C-2/claims", json!({"limit": 2, "lease_seconds": 300}))
+        .await;
+    let claim = r.body["claim_id"].as_str().unwrap().to_owned();
+    for seq in 0..2 {
+        let r = app
+            .post(
+                &format!("/v1/parents/C-2/children/{seq}/outcome"),
+                json!({"outcome": "processed", "claim_id": claim}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    }
+    // The drifted counter: C-2 processed both children, the projection says none.
+    app.exec("UPDATE parent SET processed = 0, completed_at = NULL WHERE parent_id = 'C-2'")
+        .await;
+
+    let (stdout, stderr) = succeeded(&run(&["reconcile", "--database-url", &app.database_url]).await);
+    let report: Value = serde_json::from_str(&stdout).expect("the report is JSON");
+    println!(
+        "dry run: checked {}, drifted {}, repaired {}",
+        report["checked"], report["drifted"], report["repaired"]
+    );
+    assert_eq!(report["dry_run"], true, "{report}");
+    assert_eq!(report["checked"], 3, "{report}");
+    assert_eq!(report["drifted"], 1, "{report}");
+    assert_eq!(report["repaired"], 0, "{report}");
+    assert_eq!(report["parents"][0]["parent_id"], "C-2", "{report}");
+    assert!(
+        stderr.contains("checked 3/3 parents"),
+        "plain progress lines off a terminal: {stderr}"
+    );
+    assert!(stderr.contains("--apply"), "{stderr}");
+    assert_eq!(
+        app.get("/v1/parents/C-2").await.body["counts"]["processed"],
+        0,
+        "a dry run writes nothing"
+    );
+
+    // One queue only: the drift is not in it.
+    let (stdout, _) = succeeded(
+        &run(&[
+            "reconcile",
+            "--queue",
+            "other",
+            "--apply",
+            "--database-url",
+            &app.database_url,
+        ])
+        .await,
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (report["checked"].as_u64(), report["drifted"].as_u64()),
+        (Some(1), Some(0)),
+        "{report}"
+    );
+
+    let (stdout, _) = succeeded(&run(&["reconcile", "--apply", "--database-url", &app.database_url]).await);
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    println!(
+        "apply: checked {}, drifted {}, repaired {}",
+        report["checked"], report["drifted"], report["repaired"]
+    );
+    assert_eq!(report["dry_run"], false, "{report}");
+    assert_eq!(report["checked"], 3, "{report}");
+    assert_eq!(report["drifted"], 1, "{report}");
+    assert_eq!(report["repaired"], 1, "{report}");
+    let parent = app.get("/v1/parents/C-2").await.body;
+    assert_eq!(parent["counts"]["processed"], 2, "{parent}");
+    assert_eq!(parent["state"], "complete", "{parent}");
+
+    let (stdout, _) = succeeded(&run(&["reconcile", "--database-url", &app.database_url]).await);
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["drifted"], 0, "nothing left to repair: {report}");
+}
+
+both_stores!(
+    migrate_applies_every_migration_and_exits,
+    reconcile_reports_then_applies
+);
+
+#[tokio::test]
+async fn openapi_prints_the_checked_in_document() {
+    let (stdout, _) = succeeded(&run(&["openapi"]).await);
+    let doc: Value = serde_json::from_str(&stdout).expect("the document is JSON");
+    assert!(
+        doc["paths"]["/v1/reconcile/jobs"]["post"].is_object(),
+        "jobs are documented"
+    );
+    let checked_in = std::fs::read_to_string(CHECKED_IN).unwrap();
+    assert!(
+        stdout == checked_in,
+        "`child-ledger openapi` differs from openapi/openapi.json"
+    );
+}
+
+#[tokio::test]
+async fn every_subcommand_help_shows_examples_and_no_secret() {
+    for args in [
+        &["serve", "--help"][..],
+        &["migrate", "--help"],
+        &["openapi", "--help"],
+        &["reconcile", "--help"],
+        &["token", "--help"],
+    ] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+            .args(args)
+            .env("DATABASE_URL", "postgres://ledger:hunter2-secret@db.internal/ledger")
+            .output()
+            .await
+            .unwrap();
+        let (help, _) = succeeded(&output);
+        assert!(help.contains("Examples:\n  child-ledger"), "{args:?}:\n{help}");
+        assert!(
+            !help.contains("hunter2-secret"),
+            "{args:?} shows the database password:\n{help}"
+        );
+        assert!(help.contains("--database-url"), "{args:?}:\n{help}");
+    }
+    let output = run(&["reconcile", "--help"]).await;
+    let (help, _) = succeeded(&output);
+    assert!(help.contains("--apply") && help.contains("--queue"), "{help}");
+    assert!(help.contains("child-ledger reconcile --queue events --apply"), "{help}");
+}

@@ -1,0 +1,278 @@
+//! A parent's lifecycle around its children: cancel, pause and resume a
+//! queue, and retention (the pruner and `DELETE /v1/parents/{id}`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::ServiceProcess;
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn register(app: &TestApp, parent: &str, body: Value) {
+    let r = app.put(&format!("/v1/parents/{parent}"), body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "register {parent}: {r:?}");
+}
+
+async fn claim(app: &TestApp, path: &str, body: Value) -> Value {
+    let r = app.post(path, body).await;
+    assert_eq!(r.status, StatusCode::OK, "claim {path}: {r:?}");
+    r.body
+}
+
+fn taken(claim: &Value) -> usize {
+    claim["children"].as_array().unwrap().len()
+}
+
+/// Cancel skips every open child with the reason in one go, completes the
+/// parent, keeps the projection right, and turns a holder's late outcome into
+/// a logged conflict.
+async fn cancel_skips_open_children_and_completes(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "C-1", json!({"queue": "lc", "children": children(6)})).await;
+    let held = claim(
+        &app,
+        "/v1/parents/C-1/claims",
+        json!({"limit": 2, "lease_seconds": 300}),
+    )
+    .await;
+    let claim_id = held["claim_id"].as_str().unwrap().to_owned();
+    let r = app
+        .post(
+            "/v1/parents/C-1/children/0/outcome",
+            json!({"outcome": "processed", "claim_id": claim_id}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+
+    let r = app
+        .post("/v1/parents/C-1/cancel", json!({"reason": "order withdrawn"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["skipped"], 5, "{r:?}");
+    let parent = &r.body["parent"];
+    assert_eq!(parent["state"], "complete", "{parent}");
+    assert_eq!(parent["complete"], true, "{parent}");
+    assert_eq!(
+        parent["counts"],
+        json!({"total": 6, "processed": 1, "failed": 0, "skipped": 5, "pending": 0, "in_flight": 0, "held": 0}),
+        "{parent}"
+    );
+    for sequence in 1..6 {
+        let child = app.get(&format!("/v1/parents/C-1/children/{sequence}")).await.body;
+        assert_eq!(child["state"], "skipped", "{child}");
+        assert_eq!(child["reason"], "order withdrawn", "{child}");
+    }
+    assert_eq!(app.get("/v1/parents/C-1/children/0").await.body["state"], "processed");
+
+    // The worker still holding child 1 reports late: the cancel won.
+    let r = app
+        .post(
+            "/v1/parents/C-1/children/1/outcome",
+            json!({"outcome": "processed", "claim_id": claim_id}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    let child = app.get("/v1/parents/C-1/children/1").await.body;
+    assert_eq!(child["conflict_count"], 1, "{child}");
+    assert_eq!(child["state"], "skipped", "{child}");
+
+    let report = app.post("/v1/parents/C-1/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(report.body["changes"], json!([]), "{report:?}");
+    let queue = app.get("/v1/queues/lc").await.body;
+    assert_eq!(queue["parents"]["complete"], 1, "{queue}");
+    assert_eq!(queue["children"]["pending"], 0, "{queue}");
+
+    // Again: nothing left to skip. An unknown parent, a missing reason.
+    let r = app.post("/v1/parents/C-1/cancel", json!({"reason": "again"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["skipped"], 0, "{r:?}");
+    let r = app.post("/v1/parents/C-none/cancel", json!({"reason": "x"})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
+    for bad in [json!({}), json!({"reason": "  "}), json!({"reason": "x".repeat(1001)})] {
+        let r = app.post("/v1/parents/C-1/cancel", bad.clone()).await;
+        assert!(r.status.is_client_error(), "{bad}: {r:?}");
+        assert!(
+            r.body.to_string().contains("reason"),
+            "the problem names the field: {r:?}"
+        );
+    }
+
+    // A parent still being decomposed is sealed at what it holds.
+    register(&app, "C-2", json!({"queue": "lc", "decomposed": false})).await;
+    let r = app
+        .post(
+            "/v1/parents/C-2/children",
+            json!({"children": [{"sequence": 0, "payload": {}}, {"sequence": 1, "payload": {}}]}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{r:?}");
+    let r = app
+        .post("/v1/parents/C-2/cancel", json!({"reason": "no longer needed"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["skipped"], 2, "{r:?}");
+    assert_eq!(r.body["parent"]["state"], "complete", "{r:?}");
+    println!("cancel: 5 open children skipped, a late outcome logged as a conflict, a decomposing parent sealed");
+}
+
+/// A paused queue hands out nothing, to queue or parent claims, and a long
+/// poll waiting on it gets its children as soon as it is resumed.
+async fn pause_holds_claims_until_resumed(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "Z-1", json!({"queue": "pz", "children": children(3)})).await;
+    let r = app.post("/v1/queues/pz/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body, json!({"queue": "pz", "paused": true}));
+    assert_eq!(app.get("/v1/queues/pz").await.body["paused"], true);
+
+    let queue_claim = claim(&app, "/v1/queues/pz/claims", json!({"limit": 10})).await;
+    assert_eq!(taken(&queue_claim), 0, "{queue_claim}");
+    let parent_claim = claim(&app, "/v1/parents/Z-1/claims", json!({"limit": 10})).await;
+    assert_eq!(taken(&parent_claim), 0, "{parent_claim}");
+
+    let waiting = {
+        let (client, url) = (app.client.clone(), format!("{}/v1/queues/pz/claims", app.base));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = client
+                .post(url)
+                .json(&json!({"limit": 10, "wait_seconds": 15}))
+                .send()
+                .await
+                .unwrap();
+            let body: Value = r.json().await.unwrap();
+            (started.elapsed(), body)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = app.post("/v1/queues/pz/resume", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body, json!({"queue": "pz", "paused": false}));
+    let (waited, body) = waiting.await.unwrap();
+    println!(
+        "a long poll on a paused queue got {} children {waited:?} after it started (resumed at 0.5 s)",
+        taken(&body)
+    );
+    assert_eq!(taken(&body), 3, "{body}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert_eq!(app.get("/v1/queues/pz").await.body["paused"], false);
+
+    // A queue with no parents may be paused; a bad name is refused.
+    let r = app.post("/v1/queues/empty-one/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let r = app.post("/v1/queues/Not%20One/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
+}
+
+/// `DELETE /v1/parents/{id}`: only a complete parent, with all its children.
+async fn delete_removes_a_complete_parent(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "D-1", json!({"queue": "dl", "children": children(3)})).await;
+    let r = app.request(reqwest::Method::DELETE, "/v1/parents/D-1", None).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    assert!(r.content_type.starts_with("application/problem+json"), "{r:?}");
+    let r = app.request(reqwest::Method::DELETE, "/v1/parents/D-none", None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
+
+    let r = app
+        .post("/v1/parents/D-1/cancel", json!({"reason": "done with it"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let r = app.request(reqwest::Method::DELETE, "/v1/parents/D-1", None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    assert_eq!(app.get("/v1/parents/D-1").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(app.count("SELECT count(*) FROM child WHERE parent_id = 'D-1'").await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM lane WHERE parent_id = 'D-1'").await, 0);
+}
+
+/// With `--retain-complete-seconds 1` the pruner deletes complete parents
+/// (one of 12,000 children, more than one batch) and leaves the rest.
+async fn retention_prunes_complete_parents(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let service = ServiceProcess::start("lifecycle-retention", &db.url, &["--retain-complete-seconds", "1"]).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let put = |parent: &'static str, n: usize| {
+        let (client, url) = (client.clone(), format!("{}/v1/parents/{parent}", service.base));
+        async move {
+            let r = client
+                .put(url)
+                .json(&json!({"queue": "rt", "children": children(n)}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::CREATED);
+        }
+    };
+    put("R-big", 12_000).await;
+    put("R-small", 1).await;
+    put("R-open", 2).await;
+    for parent in ["R-big", "R-small"] {
+        let r = client
+            .post(format!("{}/v1/parents/{parent}/cancel", service.base))
+            .json(&json!({"reason": "expire me"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let started = Instant::now();
+    loop {
+        let mut gone = 0;
+        for parent in ["R-big", "R-small"] {
+            let r = client
+                .get(format!("{}/v1/parents/{parent}", service.base))
+                .send()
+                .await
+                .unwrap();
+            gone += usize::from(r.status() == StatusCode::NOT_FOUND);
+        }
+        if gone == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the pruner never deleted them"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pruned_in = started.elapsed();
+    let store = db.store().await;
+    let children_left = store
+        .count_raw("SELECT count(*) FROM child WHERE parent_id IN ('R-big', 'R-small')")
+        .await
+        .unwrap();
+    let open_left = store
+        .count_raw("SELECT count(*) FROM child WHERE parent_id = 'R-open'")
+        .await
+        .unwrap();
+    println!(
+        "2 complete parents (12,001 children) pruned {pruned_in:?} after completing; {children_left} children left of them"
+    );
+    assert_eq!(children_left, 0);
+    assert_eq!(open_left, 2, "an active parent is kept");
+    let r = client
+        .get(format!("{}/v1/parents/R-open", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let metrics = client
+        .get(format!("{}/metrics", service.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.lines().any(|l| l == "child_ledger_pruned_total 2"), "{metrics}");
+}
+
+both_stores!(
+    cancel_skips_open_children_and_completes,
+    pause_holds_claims_until_resumed,
+    delete_removes_a_complete_parent,
+    retention_prunes_complete_parents,
+);

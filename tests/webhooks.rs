@@ -1,0 +1,637 @@
+//! Completion webhooks, end to end: the real service as a process, a real
+//! HTTP receiver in this test process, and the signature checked by an
+//! independent implementation (Python's `hmac`). On both stores.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use common::process::{ServiceProcess, free_port};
+use common::*;
+use serde_json::{Value, json};
+
+/// The signing secret of every test: `whsec_` and base64 of 32 bytes.
+const SECRET: &str = "whsec_c2VjcmV0LWtleS1mb3ItY2hpbGQtbGVkZ2VyLXRlc3Rz";
+
+/// What the receiver answers, in turn, for one path; past the script, 200.
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    Status(u16),
+    /// Holds the request until the sender gives up on it.
+    Hang,
+}
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+struct Hit {
+    path: String,
+    id: String,
+    timestamp: String,
+    signature: String,
+    body: String,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Inbox {
+    hits: Mutex<Vec<Hit>>,
+    scripts: Mutex<HashMap<String, VecDeque<Answer>>>,
+}
+
+/// A webhook receiver on 127.0.0.1: `POST /hook/{name}`.
+struct Receiver {
+    port: u16,
+    inbox: Arc<Inbox>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Receiver {
+    /// A receiver that is not listening yet (`listen` starts it on `port`).
+    fn on(port: u16) -> Self {
+        Self {
+            port,
+            inbox: Arc::default(),
+            server: None,
+        }
+    }
+
+    async fn start() -> Self {
+        let mut receiver = Self::on(free_port());
+        receiver.listen().await;
+        receiver
+    }
+
+    async fn listen(&mut self) {
+        async fn hook(
+            State(inbox): State<Arc<Inbox>>,
+            Path(name): Path<String>,
+            headers: HeaderMap,
+            body: String,
+        ) -> StatusCode {
+            let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+            inbox.hits.lock().unwrap().push(Hit {
+                path: name.clone(),
+                id: header("webhook-id"),
+                timestamp: header("webhook-timestamp"),
+                signature: header("webhook-signature"),
+                body,
+                at: Instant::now(),
+            });
+            let answer = inbox
+                .scripts
+                .lock()
+                .unwrap()
+                .get_mut(&name)
+                .and_then(VecDeque::pop_front);
+            match answer {
+                Some(Answer::Hang) => {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    StatusCode::OK
+                }
+                Some(Answer::Status(code)) => StatusCode::from_u16(code).unwrap(),
+                None => StatusCode::OK,
+            }
+        }
+        let router = axum::Router::new()
+            .route("/hook/{name}", axum::routing::post(hook))
+            .with_state(Arc::clone(&self.inbox));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
+        self.server = Some(tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        }));
+    }
+
+    fn script(&self, name: &str, answers: &[Answer]) {
+        self.inbox
+            .scripts
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), answers.iter().copied().collect());
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/hook/{name}", self.port)
+    }
+
+    fn hits(&self) -> Vec<Hit> {
+        self.inbox.hits.lock().unwrap().clone()
+    }
+
+    fn hits_for(&self, name: &str) -> Vec<Hit> {
+        self.hits().into_iter().filter(|h| h.path == name).collect()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}
+
+/// The service's flags for webhooks to `receiver_port`: short retries, quick polls.
+fn webhook_flags(receiver_port: u16, schedule: &str) -> Vec<String> {
+    [
+        "--webhook-allow-hosts",
+        &format!("127.0.0.1:{receiver_port}"),
+        "--webhook-secret",
+        SECRET,
+        "--webhook-retry-schedule-ms",
+        schedule,
+        "--webhook-poll-ms",
+        "100",
+        "--webhook-timeout-ms",
+        "1500",
+        "--reap-interval-ms",
+        "100",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+async fn start_service(name: &str, db: &TestDatabase, flags: &[String]) -> ServiceProcess {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let service = ServiceProcess::start(name, &db.url, &flags).await;
+    service.ready().await;
+    service
+}
+
+async fn send(method: reqwest::Method, url: String, body: Option<Value>) -> (StatusCode, Value) {
+    let client = reqwest::Client::new();
+    let mut request = client.request(method, url).timeout(Duration::from_secs(30));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("request");
+    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+async fn put(base: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    send(reqwest::Method::PUT, format!("{base}{path}"), Some(body)).await
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    send(reqwest::Method::POST, format!("{base}{path}"), Some(body)).await
+}
+
+async fn get(base: &str, path: &str) -> (StatusCode, Value) {
+    send(reqwest::Method::GET, format!("{base}{path}"), None).await
+}
+
+/// Registers `parent` with `n` children and a webhook to `url`, claims them
+/// all and records them processed: it completes through the outcome statement.
+async fn complete_by_outcomes(base: &str, parent: &str, n: usize, url: Option<&str>) {
+    let mut body = json!({"queue": "hooks", "children": children(n)});
+    if let Some(url) = url {
+        body["webhook_url"] = json!(url);
+    }
+    let (status, reply) = put(base, &format!("/v1/parents/{parent}"), body).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let (status, claim) = post(base, &format!("/v1/parents/{parent}/claims"), json!({"limit": 1000})).await;
+    assert_eq!(status, StatusCode::OK, "{claim}");
+    let claim_id = claim["claim_id"].as_str().unwrap();
+    let outcomes: Vec<Value> = claim["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| json!({"parent_id": parent, "sequence": c["sequence"], "outcome": "processed", "claim_id": claim_id}))
+        .collect();
+    let (status, reply) = post(base, "/v1/outcomes", json!({"outcomes": outcomes})).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, failing after `deadline`.
+async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return (value, started.elapsed());
+        }
+        assert!(started.elapsed() < deadline, "{what}: not within {deadline:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The parent's deliveries once its latest is in `state`.
+async fn deliveries_in(base: &str, parent: &str, state: &str, deadline: Duration) -> (Vec<Value>, Duration) {
+    eventually(&format!("{parent} delivery {state}"), deadline, || async {
+        let (status, reply) = get(base, &format!("/v1/parents/{parent}/deliveries")).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        let deliveries = reply["deliveries"].as_array().cloned().unwrap_or_default();
+        (deliveries.last().is_some_and(|d| d["state"] == state)).then_some(deliveries)
+    })
+    .await
+}
+
+/// Verifies every hit's signature with Python's `hmac` and `base64`, the way
+/// a receiver would; returns how many verified.
+fn verify_in_python(hits: &[Hit]) -> usize {
+    const VERIFY: &str = r#"
+import base64, hashlib, hmac, json, sys
+secret = sys.argv[1]
+key = base64.b64decode(secret[len("whsec_"):])
+ok = 0
+for hit in json.load(sys.stdin):
+    signed = (hit["id"] + "." + hit["timestamp"] + "." + hit["body"]).encode()
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    given = [s.split(",", 1)[1] for s in hit["signature"].split(" ") if s.startswith("v1,")]
+    if any(hmac.compare_digest(expected, g) for g in given):
+        ok += 1
+    else:
+        print("bad signature for", hit["id"], file=sys.stderr)
+print(ok)
+"#;
+    let input: Vec<Value> = hits
+        .iter()
+        .map(|h| json!({"id": h.id, "timestamp": h.timestamp, "signature": h.signature, "body": h.body}))
+        .collect();
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", VERIFY, SECRET])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 on the PATH");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(serde_json::to_string(&input).unwrap().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    String::from_utf8(output.stdout).unwrap().trim().parse().unwrap()
+}
+
+/// Exactly one event per completion, whichever statement completes the
+/// parent (outcome batch, registration, lease expiry), none without a
+/// `webhook_url`, none for a repeated batch; each delivered once, signed.
+async fn one_event_per_completion(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let db = TestDatabase::new(backend).await;
+    let service = start_service("hooks", &db, &webhook_flags(receiver.port, "200,200,200")).await;
+    let base = service.base.as_str();
+
+    // Outside the allowed hosts: 422 naming the field, nothing written.
+    let (status, problem) = put(
+        base,
+        "/v1/parents/H-evil",
+        json!({"children": children(1), "webhook_url": "http://169.254.169.254/latest"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(problem["field"], "webhook_url");
+
+    for i in 0..3 {
+        complete_by_outcomes(
+            base,
+            &format!("H-out-{i}"),
+            20,
+            Some(&receiver.url(&format!("out-{i}"))),
+        )
+        .await;
+    }
+    // The same batch again changes nothing, and writes no second event.
+    let (_, claim) = get(base, "/v1/parents/H-out-0/children").await;
+    let again: Vec<Value> = claim["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| json!({"parent_id": "H-out-0", "sequence": c["sequence"], "outcome": "processed"}))
+        .collect();
+    let (status, _) = post(base, "/v1/outcomes", json!({"outcomes": again})).await;
+    assert_eq!(status, StatusCode::OK);
+    // Complete at registration: every child skipped.
+    let skipped: Vec<Value> = (0..3).map(|i| json!({"payload": i, "skip": "invalid"})).collect();
+    let (status, reply) = put(
+        base,
+        "/v1/parents/H-reg",
+        json!({"queue": "hooks", "children": skipped, "webhook_url": receiver.url("reg")}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert_eq!(reply["webhook_url"], receiver.url("reg"));
+    // The same registration with another webhook_url is different content.
+    let (status, _) = put(
+        base,
+        "/v1/parents/H-reg",
+        json!({"queue": "hooks", "children": skipped, "webhook_url": receiver.url("other")}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    // Complete by lease expiry: one attempt allowed, a 1 s lease run out.
+    let (status, _) = put(
+        base,
+        "/v1/parents/H-lease",
+        json!({"queue": "hooks", "children": children(2), "max_attempts": 1, "webhook_url": receiver.url("lease")}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = post(base, "/v1/parents/H-lease/claims", json!({"lease_seconds": 1})).await;
+    assert_eq!(status, StatusCode::OK);
+    // No webhook_url: no event.
+    complete_by_outcomes(base, "H-none", 5, None).await;
+
+    let names = ["out-0", "out-1", "out-2", "reg", "lease"];
+    let (_, took) = eventually("every event delivered", Duration::from_secs(30), || async {
+        let mut all = true;
+        for parent in ["H-out-0", "H-out-1", "H-out-2", "H-reg", "H-lease"] {
+            let (_, reply) = get(base, &format!("/v1/parents/{parent}/deliveries")).await;
+            all &= reply["deliveries"][0]["state"] == "delivered";
+        }
+        all.then_some(())
+    })
+    .await;
+
+    let hits = receiver.hits();
+    let mut per_path: BTreeMap<&str, usize> = BTreeMap::new();
+    for hit in &hits {
+        *per_path.entry(hit.path.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_path.len(), names.len(), "{per_path:?}");
+    assert!(per_path.values().all(|n| *n == 1), "each delivered once: {per_path:?}");
+    let ids: std::collections::HashSet<&str> = hits.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(ids.len(), names.len(), "one distinct webhook-id per completion");
+    let store = db.store().await;
+    assert_eq!(store.count_raw("SELECT count(*) FROM webhook_event").await.unwrap(), 5);
+    let (_, none) = get(base, "/v1/parents/H-none/deliveries").await;
+    assert_eq!(none["deliveries"], json!([]));
+
+    // The body, and the signature by an independent implementation.
+    let out0 = &receiver.hits_for("out-0")[0];
+    let body: Value = serde_json::from_str(&out0.body).unwrap();
+    let (_, parent) = get(base, "/v1/parents/H-out-0").await;
+    assert_eq!(body["type"], "parent.completed");
+    assert_eq!(body["data"]["parent_id"], "H-out-0");
+    assert_eq!(body["data"]["queue"], "hooks");
+    assert_eq!(body["data"]["counts"]["processed"], 20);
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(body["data"]["completed_at"].as_str().unwrap()).unwrap(),
+        chrono::DateTime::parse_from_rfc3339(parent["completed_at"].as_str().unwrap()).unwrap()
+    );
+    assert!(out0.id.starts_with("msg_"));
+    let verified = verify_in_python(&hits);
+    assert_eq!(verified, hits.len(), "Python verified every signature");
+    let (_, deliveries) = get(base, "/v1/parents/H-out-0/deliveries").await;
+    let delivery = &deliveries["deliveries"][0];
+    assert_eq!(delivery["webhook_id"], out0.id.as_str());
+    assert_eq!(delivery["attempts"][0]["status_code"], 200);
+
+    // Reconcile re-completes a parent whose completion was cleared by hand:
+    // a second completion, a second event with its own id.
+    store
+        .execute_raw("UPDATE parent SET completed_at = NULL WHERE parent_id = 'H-out-1'")
+        .await
+        .unwrap();
+    let (status, report) = post(base, "/v1/parents/H-out-1/reconcile", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["applied"], true, "{report}");
+    let (deliveries, _) = eventually("the re-completion delivered", Duration::from_secs(20), || async {
+        let (_, reply) = get(base, "/v1/parents/H-out-1/deliveries").await;
+        let deliveries = reply["deliveries"].as_array().cloned().unwrap_or_default();
+        (deliveries.len() == 2 && deliveries.iter().all(|d| d["state"] == "delivered")).then_some(deliveries)
+    })
+    .await;
+    let again = receiver.hits_for("out-1");
+    assert_eq!(again.len(), 2);
+    assert_ne!(again[0].id, again[1].id);
+    assert_eq!(deliveries[1]["webhook_id"], again[1].id.as_str());
+
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("child_ledger_webhook_deliveries_total{status=\"delivered\"} 6"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("child_ledger_webhook_outbox_backlog 0"), "{metrics}");
+    eprintln!(
+        "webhooks[{backend:?}]: 5 completions (3 outcome batches, 1 registration, 1 lease expiry) -> \
+         {} events, {} requests, {} distinct ids, {verified} signatures verified by Python; all delivered in {took:?}; \
+         a reconcile re-completion sent a 2nd event with a new id",
+        5,
+        hits.len(),
+        ids.len()
+    );
+}
+
+/// A receiver answering 500 twice gets the same id, the same body and a valid
+/// signature on all three attempts, spaced by the schedule; one that never
+/// answers 2xx is given up after the schedule, and a redelivery sends the same id.
+async fn retries_keep_the_id(backend: Backend) {
+    let receiver = Receiver::start().await;
+    receiver.script("flaky", &[Answer::Status(500), Answer::Status(500)]);
+    receiver.script("down", &[Answer::Status(503); 4]);
+    let db = TestDatabase::new(backend).await;
+    let service = start_service("retries", &db, &webhook_flags(receiver.port, "300,300,300")).await;
+    let base = service.base.as_str();
+
+    complete_by_outcomes(base, "R-flaky", 3, Some(&receiver.url("flaky"))).await;
+    complete_by_outcomes(base, "R-down", 3, Some(&receiver.url("down"))).await;
+    let (deliveries, _) = deliveries_in(base, "R-flaky", "delivered", Duration::from_secs(20)).await;
+    let attempts = deliveries[0]["attempts"].as_array().unwrap();
+    let codes: Vec<&Value> = attempts.iter().map(|a| &a["status_code"]).collect();
+    assert_eq!(codes, [&json!(500), &json!(500), &json!(200)]);
+    assert!(attempts[0]["next_attempt_at"].is_string() && attempts[0]["error"].is_string());
+    assert!(attempts[2]["next_attempt_at"].is_null() && attempts[2]["error"].is_null());
+
+    let flaky = receiver.hits_for("flaky");
+    assert_eq!(flaky.len(), 3);
+    assert!(flaky.iter().all(|h| h.id == flaky[0].id && h.body == flaky[0].body));
+    assert_eq!(deliveries[0]["webhook_id"], flaky[0].id.as_str());
+    let gaps: Vec<Duration> = flaky.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert!(gaps.iter().all(|g| *g >= Duration::from_millis(250)), "{gaps:?}");
+    assert_eq!(verify_in_python(&flaky), 3);
+
+    // 1 attempt + 3 retries, all 503: given up.
+    let (deliveries, _) = deliveries_in(base, "R-down", "failed", Duration::from_secs(20)).await;
+    assert_eq!(deliveries[0]["attempts"].as_array().unwrap().len(), 4);
+    assert_eq!(receiver.hits_for("down").len(), 4);
+    // Queued again by an admin: the same id, delivered now.
+    let (status, reply) = post(base, "/v1/parents/R-down/deliveries/redeliver", json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{reply}");
+    let (deliveries, _) = deliveries_in(base, "R-down", "delivered", Duration::from_secs(20)).await;
+    let down = receiver.hits_for("down");
+    assert_eq!(down.len(), 5);
+    assert!(down.iter().all(|h| h.id == down[0].id));
+    assert_eq!(deliveries.len(), 1);
+    let (status, _) = post(base, "/v1/parents/R-missing/deliveries/redeliver", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    eprintln!(
+        "webhooks[{backend:?}]: 500, 500, 200 under one id {} with gaps {gaps:?}; \
+         given up after 4 attempts, redelivered under the same id",
+        flaky[0].id
+    );
+}
+
+/// SIGKILL while an attempt is in flight (after the completion committed,
+/// before any delivery): the restarted service delivers it, same id, once
+/// the dead attempt's lease has run out.
+async fn delivered_after_sigkill(backend: Backend) {
+    let receiver = Receiver::start().await;
+    receiver.script("killed", &[Answer::Hang]);
+    let db = TestDatabase::new(backend).await;
+    let mut service = start_service("killed", &db, &webhook_flags(receiver.port, "300,300,300")).await;
+    let base = service.base.clone();
+    complete_by_outcomes(&base, "K-1", 10, Some(&receiver.url("killed"))).await;
+    eventually(
+        "the first attempt reaches the receiver",
+        Duration::from_secs(20),
+        || async { (!receiver.hits_for("killed").is_empty()).then_some(()) },
+    )
+    .await;
+    service.kill().await;
+    let killed_at = Instant::now();
+    let store = db.store().await;
+    assert_eq!(
+        store.count_raw("SELECT count(*) FROM webhook_attempt").await.unwrap(),
+        0,
+        "the killed attempt was never recorded"
+    );
+    service.restart().await;
+    service.ready().await;
+    let (deliveries, _) = deliveries_in(&base, "K-1", "delivered", Duration::from_secs(30)).await;
+    let took = killed_at.elapsed();
+    let hits = receiver.hits_for("killed");
+    assert_eq!(hits.len(), 2, "the hung attempt and the one after the restart");
+    assert_eq!(hits[0].id, hits[1].id);
+    assert_eq!(verify_in_python(&hits), 2);
+    let attempts = deliveries[0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["attempt"], 2);
+    assert_eq!(attempts[0]["status_code"], 200);
+    eprintln!(
+        "webhooks[{backend:?}]: killed mid-attempt; delivered by the restarted service {took:?} after the kill (lease 3 s)"
+    );
+}
+
+/// The receiver is down (nothing listens) for several attempts; once it
+/// listens, the event arrives with its id.
+async fn delivered_after_receiver_outage(backend: Backend) {
+    let mut receiver = Receiver::on(free_port());
+    let db = TestDatabase::new(backend).await;
+    let service = start_service(
+        "outage",
+        &db,
+        &webhook_flags(
+            receiver.port,
+            "200,200,200,200,200,200,200,200,200,200,200,200,200,200,200",
+        ),
+    )
+    .await;
+    let base = service.base.as_str();
+    complete_by_outcomes(base, "O-1", 5, Some(&receiver.url("outage"))).await;
+    let (failed, down_for) = eventually("three refused attempts", Duration::from_secs(20), || async {
+        let (_, reply) = get(base, "/v1/parents/O-1/deliveries").await;
+        let attempts = reply["deliveries"][0]["attempts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (attempts.len() >= 3).then_some(attempts)
+    })
+    .await;
+    assert!(
+        failed
+            .iter()
+            .all(|a| a["status_code"].is_null() && a["error"].is_string()),
+        "{failed:?}"
+    );
+    receiver.listen().await;
+    let (deliveries, took) = deliveries_in(base, "O-1", "delivered", Duration::from_secs(20)).await;
+    let hits = receiver.hits_for("outage");
+    assert_eq!(hits.len(), 1);
+    assert_eq!(deliveries[0]["webhook_id"], hits[0].id.as_str());
+    let attempts = deliveries[0]["attempts"].as_array().unwrap();
+    eprintln!(
+        "webhooks[{backend:?}]: receiver down {down_for:?} ({} refused attempts, e.g. {}); delivered {took:?} after it listened, attempt {}",
+        attempts.len() - 1,
+        failed[0]["error"],
+        attempts.last().unwrap()["attempt"]
+    );
+}
+
+/// Two replicas on one database: every attempt is made by one of them only.
+/// Each receiver path answers 500 once, so every event takes two attempts,
+/// which either replica may make; no id is ever received more than twice.
+async fn replicas_never_share_an_attempt(backend: Backend) {
+    const PARENTS: usize = 24;
+    let receiver = Receiver::start().await;
+    for i in 0..PARENTS {
+        receiver.script(&format!("p{i}"), &[Answer::Status(500)]);
+    }
+    let db = TestDatabase::new(backend).await;
+    let flags = webhook_flags(receiver.port, "100,100,100");
+    let a = start_service("replica-a", &db, &flags).await;
+    let b = start_service("replica-b", &db, &flags).await;
+    let completions = (0..PARENTS).map(|i| {
+        let base = if i % 2 == 0 { a.base.clone() } else { b.base.clone() };
+        let url = receiver.url(&format!("p{i}"));
+        async move { complete_by_outcomes(&base, &format!("D-{i}"), 10, Some(&url)).await }
+    });
+    futures::future::join_all(completions).await;
+    let (_, took) = eventually("every event delivered", Duration::from_secs(30), || async {
+        let store = db.store().await;
+        let delivered = store
+            .count_raw("SELECT count(*) FROM webhook_event WHERE state = 'delivered'")
+            .await
+            .unwrap();
+        (delivered == PARENTS as i64).then_some(())
+    })
+    .await;
+    let hits = receiver.hits();
+    let mut per_id: HashMap<&str, usize> = HashMap::new();
+    for hit in &hits {
+        *per_id.entry(hit.id.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_id.len(), PARENTS);
+    assert!(
+        per_id.values().all(|n| *n == 2),
+        "each id: one 500, one 200: {per_id:?}"
+    );
+    let store = db.store().await;
+    assert_eq!(
+        store.count_raw("SELECT count(*) FROM webhook_attempt").await.unwrap(),
+        2 * PARENTS as i64
+    );
+    assert_eq!(
+        store
+            .count_raw("SELECT count(*) FROM webhook_event WHERE attempts <> 2")
+            .await
+            .unwrap(),
+        0,
+        "no attempt was claimed twice"
+    );
+    let senders = store
+        .count_raw("SELECT count(DISTINCT sender) FROM webhook_attempt")
+        .await
+        .unwrap();
+    eprintln!(
+        "webhooks[{backend:?}]: 2 replicas, {PARENTS} events, {} requests at the receiver (2 per id), \
+         {} attempts recorded by {senders} replica(s), all delivered in {took:?}",
+        hits.len(),
+        2 * PARENTS
+    );
+}
+
+both_stores!(
+    one_event_per_completion,
+    retries_keep_the_id,
+    delivered_after_sigkill,
+    delivered_after_receiver_outage,
+    replicas_never_share_an_attempt,
+);
