@@ -615,8 +615,14 @@ fn catalogue() -> Vec<Case> {
         .expect(404, "route-not-found");
     c.get("unversioned path", "/parents/V-ok")
         .expect(404, "route-not-found");
-    c.raw("DELETE a parent not complete", Method::DELETE, "/v1/parents/V-ok", "", b"")
-        .expect(409, "parent-not-complete");
+    c.raw(
+        "DELETE a parent not complete",
+        Method::DELETE,
+        "/v1/parents/V-ok",
+        "",
+        b"",
+    )
+    .expect(409, "parent-not-complete");
     c.raw("DELETE the parent list", Method::DELETE, "/v1/parents", "", b"")
         .expect(405, "method-not-allowed");
     c.raw(
