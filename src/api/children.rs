@@ -8,11 +8,11 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{AppJson, AppQuery, parent_id_param, queue_param, sequence_param};
+use super::extract::{AppJson, AppQuery, parent_id_param, sequence_param};
 use super::guard::Caller;
 use super::validate::page_limit;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::{Child, ChildState, ParentId};
+use crate::ledger::{Child, ChildState, ParentId, QueueName};
 use crate::state::AppState;
 use crate::store::ChildFilter;
 use crate::waiters::Work;
@@ -86,15 +86,16 @@ async fn list_children(
 #[into_params(parameter_in = Query)]
 pub struct SearchQuery {
     /// Only children of this queue's parents.
-    queue: Option<String>,
+    queue: Option<QueueName>,
     /// Only children in this state; required without `parent_id`.
     state: Option<ChildState>,
     /// Only this parent's children.
-    parent_id: Option<String>,
+    parent_id: Option<ParentId>,
     /// Page size, 1-1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = r"^[0-9]{1,19}\.[0-9]{1,19}\..+$")]
     cursor: Option<String>,
 }
 
@@ -152,7 +153,7 @@ async fn search_children(
     AppQuery(query): AppQuery<SearchQuery>,
 ) -> ApiResult<Json<ChildSearchPage>> {
     let limit = page_limit(query.limit)?;
-    let parent_id = query.parent_id.as_deref().map(parent_id_param).transpose()?;
+    let parent_id = query.parent_id;
     if parent_id.is_none() && query.state.is_none() {
         return Err(ApiError::bad_request(
             "state",
@@ -160,7 +161,7 @@ async fn search_children(
         ));
     }
     let filter = ChildFilter {
-        queue: query.queue.as_deref().map(queue_param).transpose()?,
+        queue: query.queue,
         state: query.state,
         parent_id,
         within: caller.0.queues.clone(),

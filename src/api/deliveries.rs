@@ -4,12 +4,12 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::parent_id_param;
+use super::extract::{AppJson, parent_id_param};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::ParentId;
 use crate::state::AppState;
@@ -50,6 +50,11 @@ async fn list_deliveries(State(state): State<AppState>, Path(parent_id): Path<St
     Ok(Json(Deliveries { parent_id, deliveries }))
 }
 
+/// A redelivery takes no fields: send `{}`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Redeliver {}
+
 /// Queue a parent's latest completion event again.
 ///
 /// It is due at once, with the same `webhook-id` and a fresh run of retries,
@@ -59,6 +64,7 @@ async fn list_deliveries(State(state): State<AppState>, Path(parent_id): Path<St
     path = "/v1/parents/{parent_id}/deliveries/redeliver",
     tag = "parents",
     params(("parent_id" = ParentId, Path, description = "Parent id")),
+    request_body(content = Redeliver, description = "`{}`"),
     responses(
         (status = 202, description = "Queued; the sender takes it at once", body = Deliveries),
         (status = 404, description = "Unknown parent, or it has no completion event", body = Problem, content_type = "application/problem+json"),
@@ -67,6 +73,7 @@ async fn list_deliveries(State(state): State<AppState>, Path(parent_id): Path<St
 async fn redeliver(
     State(state): State<AppState>,
     Path(parent_id): Path<String>,
+    _body: AppJson<Redeliver>,
 ) -> ApiResult<(StatusCode, Json<Deliveries>)> {
     let parent_id = parent_id_param(&parent_id)?;
     if !state.store.redeliver(&parent_id).await? {

@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::queue_param;
+use super::extract::{AppJson, queue_param};
 use super::guard::Caller;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Queue, QueueName};
@@ -46,7 +46,7 @@ async fn list_queues(State(state): State<AppState>, caller: Caller) -> ApiResult
     get,
     path = "/v1/queues/{queue}",
     tag = "queues",
-    params(("queue" = String, Path, description = "Queue name")),
+    params(("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
     responses(
         (status = 200, description = "The queue", body = Queue),
         (status = 404, description = "The queue has never had a parent", body = Problem,
@@ -66,6 +66,11 @@ async fn get_queue(State(state): State<AppState>, caller: Caller, Path(queue): P
         .ok_or_else(|| ApiError::NotFound(format!("no queue {queue}")))
 }
 
+/// A pause or resume takes no fields: send `{}`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QueueChange {}
+
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct QueuePause {
     pub queue: QueueName,
@@ -79,13 +84,18 @@ pub struct QueuePause {
     post,
     path = "/v1/queues/{queue}/pause",
     tag = "queues",
-    params(("queue" = String, Path, description = "Queue name")),
+    params(("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
+    request_body(content = QueueChange, description = "`{}`"),
     responses(
         (status = 200, description = "Paused", body = QueuePause),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn pause_queue(State(state): State<AppState>, Path(queue): Path<String>) -> ApiResult<Json<QueuePause>> {
+async fn pause_queue(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    _body: AppJson<QueueChange>,
+) -> ApiResult<Json<QueuePause>> {
     let queue = queue_param(&queue)?;
     state.store.set_paused(&queue, true).await?;
     Ok(Json(QueuePause { queue, paused: true }))
@@ -96,13 +106,18 @@ async fn pause_queue(State(state): State<AppState>, Path(queue): Path<String>) -
     post,
     path = "/v1/queues/{queue}/resume",
     tag = "queues",
-    params(("queue" = String, Path, description = "Queue name")),
+    params(("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
+    request_body(content = QueueChange, description = "`{}`"),
     responses(
         (status = 200, description = "Resumed", body = QueuePause),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn resume_queue(State(state): State<AppState>, Path(queue): Path<String>) -> ApiResult<Json<QueuePause>> {
+async fn resume_queue(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    _body: AppJson<QueueChange>,
+) -> ApiResult<Json<QueuePause>> {
     let queue = queue_param(&queue)?;
     if state.store.set_paused(&queue, false).await? {
         let pending = state

@@ -73,6 +73,7 @@ pub struct ReconcileAll {
     queue: Option<QueueName>,
     /// Most parents this call checks, 1-10000 (default 1000).
     #[schema(minimum = 1, maximum = 10000)]
+    #[serde(default, deserialize_with = "super::whole::option")]
     limit: Option<i64>,
     /// `next_cursor` of the previous call: go on after the parents it checked.
     #[schema(pattern = "^[0-9]{1,18}$")]
