@@ -563,3 +563,53 @@ macro_rules! lifecycle_steps {
     };
 }
 pub(super) use lifecycle_steps;
+
+/// Queue reads, as `impl` methods of a backend store: the dialect's current
+/// minute since the epoch `$minute`, its clock in seconds `$epoch` and its
+/// queue-scope fragment `$within` (see `sql::queue_summaries`).
+macro_rules! queue_reads {
+    ($store:ty, $minute:expr, $epoch:expr, $within:path) => {
+        impl $store {
+            /// One row per queue (see `sql::queue_summaries`).
+            pub async fn queue_rows(
+                &self,
+                queue: Option<&$crate::ledger::QueueName>,
+                within: &$crate::access::QueueScope,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::rows::QueueRow>> {
+                static SQL: std::sync::LazyLock<String> =
+                    std::sync::LazyLock::new(|| $crate::store::sql::queue_summaries($minute, $epoch, &$within("$2")));
+                let mut conn = self.read().await?;
+                let rows = sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(queue.map($crate::ledger::QueueName::as_str))
+                    .bind(within.as_json())
+                    .fetch_all(&mut *conn)
+                    .await?;
+                conn.finish().await?;
+                Ok(rows)
+            }
+
+            /// How many parents (of one queue) within `within` there are.
+            pub async fn count_parents(
+                &self,
+                queue: Option<&$crate::ledger::QueueName>,
+                within: &$crate::access::QueueScope,
+            ) -> $crate::store::StoreResult<u64> {
+                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    format!(
+                        "SELECT count(*) FROM parent p WHERE ($1 IS NULL OR p.queue = $1) AND {}",
+                        $within("$2")
+                    )
+                });
+                let mut conn = self.read().await?;
+                let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(queue.map($crate::ledger::QueueName::as_str))
+                    .bind(within.as_json())
+                    .fetch_one(&mut *conn)
+                    .await?;
+                conn.finish().await?;
+                Ok(count as u64)
+            }
+        }
+    };
+}
+pub(super) use queue_reads;

@@ -57,47 +57,9 @@ impl PgStore {
     }
 }
 
-impl PgStore {
-    /// One row per queue (see `sql::queue_summaries`).
-    pub async fn queue_rows(
-        &self,
-        queue: Option<&QueueName>,
-        within: &QueueScope,
-    ) -> StoreResult<Vec<crate::store::rows::QueueRow>> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            sql::queue_summaries(
-                super::MINUTE,
-                "CAST(extract(epoch FROM now()) AS float8)",
-                &sql::within_postgres("$2"),
-            )
-        });
-        let mut conn = self.read().await?;
-        let rows = sqlx::query_as(AssertSqlSafe(SQL.as_str()))
-            .bind(queue.map(QueueName::as_str))
-            .bind(within.as_json())
-            .fetch_all(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(rows)
-    }
-}
-
-impl PgStore {
-    /// How many parents (of one queue) within `within` there are.
-    pub async fn count_parents(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<u64> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT count(*) FROM parent p WHERE ($1::text IS NULL OR p.queue = $1) AND {within}",
-                within = sql::within_postgres("$2")
-            )
-        });
-        let mut conn = self.read().await?;
-        let count: i64 = sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
-            .bind(queue.map(QueueName::as_str))
-            .bind(within.as_json())
-            .fetch_one(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(count as u64)
-    }
-}
+steps::queue_reads!(
+    PgStore,
+    super::MINUTE,
+    "CAST(extract(epoch FROM now()) AS float8)",
+    sql::within_postgres
+);

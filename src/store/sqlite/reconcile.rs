@@ -56,47 +56,9 @@ impl SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// One row per queue (see `sql::queue_summaries`).
-    pub async fn queue_rows(
-        &self,
-        queue: Option<&QueueName>,
-        within: &QueueScope,
-    ) -> StoreResult<Vec<crate::store::rows::QueueRow>> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            sql::queue_summaries(
-                super::MINUTE,
-                "((julianday('now') - 2440587.5) * 86400.0)",
-                &sql::within_sqlite("$2"),
-            )
-        });
-        let mut conn = self.read().await?;
-        let rows = sqlx::query_as(AssertSqlSafe(SQL.as_str()))
-            .bind(queue.map(QueueName::as_str))
-            .bind(within.as_json())
-            .fetch_all(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(rows)
-    }
-}
-
-impl SqliteStore {
-    /// How many parents (of one queue) within `within` there are.
-    pub async fn count_parents(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<u64> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT count(*) FROM parent p WHERE (?1 IS NULL OR p.queue = ?1) AND {within}",
-                within = sql::within_sqlite("?2")
-            )
-        });
-        let mut conn = self.read().await?;
-        let count: i64 = sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
-            .bind(queue.map(QueueName::as_str))
-            .bind(within.as_json())
-            .fetch_one(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(count as u64)
-    }
-}
+steps::queue_reads!(
+    SqliteStore,
+    super::MINUTE,
+    "((julianday('now') - 2440587.5) * 86400.0)",
+    sql::within_sqlite
+);
