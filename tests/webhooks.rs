@@ -628,7 +628,46 @@ async fn replicas_never_share_an_attempt(backend: Backend) {
     );
 }
 
+/// A cancel completes its parent, and the completion is delivered once,
+/// signed, with the skipped children counted.
+async fn a_cancel_fires_the_webhook(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let db = TestDatabase::new(backend).await;
+    let service = start_service("hooks-cancel", &db, &webhook_flags(receiver.port, "200,200,200")).await;
+    let base = service.base.as_str();
+    let (status, reply) = put(
+        base,
+        "/v1/parents/H-cancel",
+        json!({"queue": "hooks", "children": children(4), "webhook_url": receiver.url("cancel")}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let (status, reply) = post(base, "/v1/parents/H-cancel/cancel", json!({"reason": "withdrawn"})).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (hits, took) = eventually("the cancel's event", Duration::from_secs(20), || async {
+        let hits = receiver.hits_for("cancel");
+        (!hits.is_empty()).then_some(hits)
+    })
+    .await;
+    // A second cancel completes nothing new: still one event.
+    let (status, _) = post(base, "/v1/parents/H-cancel/cancel", json!({"reason": "again"})).await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let hits_after = receiver.hits_for("cancel");
+    let body: Value = serde_json::from_str(&hits[0].body).unwrap();
+    println!(
+        "a cancelled parent's event arrived {took:?} after the cancel; {} request(s) in all",
+        hits_after.len()
+    );
+    assert_eq!(hits_after.len(), 1, "{hits_after:?}");
+    assert_eq!(body["type"], "parent.completed", "{body}");
+    assert_eq!(body["data"]["parent_id"], "H-cancel", "{body}");
+    assert_eq!(body["data"]["counts"]["skipped"], 4, "{body}");
+    assert_eq!(verify_in_python(&hits_after), 1);
+}
+
 both_stores!(
+    a_cancel_fires_the_webhook,
     one_event_per_completion,
     retries_keep_the_id,
     delivered_after_sigkill,
