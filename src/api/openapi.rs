@@ -26,7 +26,7 @@ projection of the child rows: reconcile shows and repairs any drift. Every error
 `application/problem+json` (RFC 9457) with a stable `type`.",
         license(name = "MIT OR Apache-2.0")
     ),
-    components(schemas(Problem)),
+    components(schemas(Problem, crate::store::ParentHas, super::parents::ListOrder)),
     tags(
         (name = "parents", description = "Register, append, seal, read and list parents"),
         (name = "children", description = "Read children and retry held ones"),
@@ -45,7 +45,62 @@ pub(super) fn complete(mut api: utoipa::openapi::OpenApi, limits: &Limits) -> ut
     document_etags(&mut api);
     document_access(&mut api);
     document_limits(&mut api, limits);
+    name_for_clients(&mut api);
     api
+}
+
+/// What strict validators and client generators need of every operation:
+/// an `operationId` in lowerCamelCase (`registerParent`, from the handler
+/// `register_parent`), and a description on every response (the status's
+/// reason phrase where the handler gives none; OpenAPI 3.1 requires one).
+fn name_for_clients(api: &mut utoipa::openapi::OpenApi) {
+    for item in api.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+            &mut item.head,
+            &mut item.options,
+            &mut item.trace,
+        ];
+        for op in operations.into_iter().flatten() {
+            if let Some(id) = op.operation_id.as_mut() {
+                *id = lower_camel(id);
+            }
+            for (status, response) in op.responses.responses.iter_mut() {
+                if let RefOr::T(response) = response
+                    && response.description.is_empty()
+                {
+                    response.description = status
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|code| axum::http::StatusCode::from_u16(code).ok())
+                        .and_then(|code| code.canonical_reason())
+                        .unwrap_or("Answer")
+                        .to_owned();
+                }
+            }
+        }
+    }
+}
+
+/// `register_parent` → `registerParent`.
+fn lower_camel(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// What holds for every operation, written once instead of on each handler:
