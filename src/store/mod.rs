@@ -11,6 +11,7 @@
 mod claims;
 mod combine;
 mod error;
+mod lifecycle;
 mod outcomes;
 mod parents;
 mod postgres;

@@ -22,3 +22,89 @@ impl Store {
         dispatch!(self, s => s.set_paused(queue, paused).await)
     }
 }
+
+/// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
+/// `rows::QueueRow`): parents by state and their projections summed, their
+/// minute buckets, and the oldest pending child of each open lane, which its
+/// first entry in `child_pending_since` gives. `minute` is the dialect's
+/// current minute since the epoch, `epoch` its clock in seconds and `within`
+/// its queue-scope fragment.
+pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String {
+    format!(
+        "SELECT p.queue, \
+             CAST(sum(CASE WHEN p.decomposed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS decomposing, \
+             CAST(sum(CASE WHEN p.decomposed_at IS NOT NULL AND p.completed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) \
+                 AS active, \
+             CAST(sum(CASE WHEN p.completed_at IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT) AS complete, \
+             CAST(sum(p.total) AS BIGINT) AS total, CAST(sum(p.processed) AS BIGINT) AS processed, \
+             CAST(sum(p.failed) AS BIGINT) AS failed, CAST(sum(p.skipped) AS BIGINT) AS skipped, \
+             CAST(sum(coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) AS BIGINT) AS in_flight, \
+             CAST(sum(coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS BIGINT) AS held, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.minute_processed ELSE 0 END) AS BIGINT) AS processed_now, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_now, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_processed \
+                           WHEN p.minute = {minute} - 1 THEN p.minute_processed ELSE 0 END) AS BIGINT) \
+                 AS processed_before, \
+             CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_failed \
+                           WHEN p.minute = {minute} - 1 THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_before, \
+             min(CASE WHEN l.floor IS NOT NULL OR l.ready_at IS NOT NULL THEN ( \
+                 SELECT c.changed_at FROM child c WHERE c.parent_id = l.parent_id AND c.state = 'pending' \
+                 ORDER BY c.changed_at LIMIT 1) END) AS oldest_pending_since, \
+             {epoch} AS epoch, \
+             EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
+         FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
+         WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
+         GROUP BY p.queue ORDER BY p.queue"
+    )
+}
+
+/// Queue reads, as `impl` methods of a backend store: the dialect's current
+/// minute since the epoch `$minute`, its clock in seconds `$epoch` and its
+/// queue-scope fragment `$within` (see `queue_summaries`).
+macro_rules! queue_reads {
+    ($store:ty, $minute:expr, $epoch:expr, $within:path) => {
+        impl $store {
+            /// One row per queue (see `queue_summaries`).
+            pub async fn queue_rows(
+                &self,
+                queue: Option<&$crate::ledger::QueueName>,
+                within: &$crate::access::QueueScope,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::rows::QueueRow>> {
+                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    $crate::store::queues::queue_summaries($minute, $epoch, &$within("$2"))
+                });
+                let mut conn = self.read().await?;
+                let rows = sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(queue.map($crate::ledger::QueueName::as_str))
+                    .bind(within.as_json())
+                    .fetch_all(&mut *conn)
+                    .await?;
+                conn.finish().await?;
+                Ok(rows)
+            }
+
+            /// How many parents (of one queue) within `within` there are.
+            pub async fn count_parents(
+                &self,
+                queue: Option<&$crate::ledger::QueueName>,
+                within: &$crate::access::QueueScope,
+            ) -> $crate::store::StoreResult<u64> {
+                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    format!(
+                        "SELECT count(*) FROM parent p WHERE ($1 IS NULL OR p.queue = $1) AND {}",
+                        $within("$2")
+                    )
+                });
+                let mut conn = self.read().await?;
+                let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
+                    .bind(queue.map($crate::ledger::QueueName::as_str))
+                    .bind(within.as_json())
+                    .fetch_one(&mut *conn)
+                    .await?;
+                conn.finish().await?;
+                Ok(count as u64)
+            }
+        }
+    };
+}
+pub(in crate::store) use queue_reads;

@@ -170,41 +170,6 @@ pub(crate) const SEAL_GAPS: &str = "SELECT sequence, next FROM ( \
 pub(crate) const SEAL_EXTRA: &str =
     "SELECT sequence FROM child WHERE parent_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3";
 
-/// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
-/// `rows::QueueRow`): parents by state and their projections summed, their
-/// minute buckets, and the oldest pending child of each open lane, which its
-/// first entry in `child_pending_since` gives. `minute` is the dialect's
-/// current minute since the epoch, `epoch` its clock in seconds and `within`
-/// its queue-scope fragment.
-pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String {
-    format!(
-        "SELECT p.queue, \
-             CAST(sum(CASE WHEN p.decomposed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS decomposing, \
-             CAST(sum(CASE WHEN p.decomposed_at IS NOT NULL AND p.completed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) \
-                 AS active, \
-             CAST(sum(CASE WHEN p.completed_at IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT) AS complete, \
-             CAST(sum(p.total) AS BIGINT) AS total, CAST(sum(p.processed) AS BIGINT) AS processed, \
-             CAST(sum(p.failed) AS BIGINT) AS failed, CAST(sum(p.skipped) AS BIGINT) AS skipped, \
-             CAST(sum(coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) AS BIGINT) AS in_flight, \
-             CAST(sum(coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS BIGINT) AS held, \
-             CAST(sum(CASE WHEN p.minute = {minute} THEN p.minute_processed ELSE 0 END) AS BIGINT) AS processed_now, \
-             CAST(sum(CASE WHEN p.minute = {minute} THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_now, \
-             CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_processed \
-                           WHEN p.minute = {minute} - 1 THEN p.minute_processed ELSE 0 END) AS BIGINT) \
-                 AS processed_before, \
-             CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_failed \
-                           WHEN p.minute = {minute} - 1 THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_before, \
-             min(CASE WHEN l.floor IS NOT NULL OR l.ready_at IS NOT NULL THEN ( \
-                 SELECT c.changed_at FROM child c WHERE c.parent_id = l.parent_id AND c.state = 'pending' \
-                 ORDER BY c.changed_at LIMIT 1) END) AS oldest_pending_since, \
-             {epoch} AS epoch, \
-             EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
-         FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
-         WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
-         GROUP BY p.queue ORDER BY p.queue"
-    )
-}
-
 /// Counts a statement's outcomes into a parent's minute buckets (migration
 /// 0009): the assignments of an `UPDATE parent`, for columns prefixed `t`
 /// (`"p."` or `""`), the dialect's current minute since the epoch `minute`,
@@ -220,57 +185,6 @@ pub(crate) fn count_minute(t: &str, minute: &str, processed: &str, failed: &str)
          minute = {minute}"
     )
 }
-
-/// A cancel's parent row: `$2` children skipped, of which `$3` were in
-/// flight and `$4` held (counted as outcomes count them), sealed at what it
-/// holds and complete. Returns whether this statement completed it. `now` is
-/// the dialect's clock.
-pub(crate) fn cancel_parent(now: &str) -> String {
-    format!(
-        "UPDATE parent SET skipped = skipped + $2, settled_in_flight = settled_in_flight + $3, \
-             settled_held = settled_held + $4, \
-             last_progress_at = CASE WHEN $2 > 0 THEN {now} ELSE last_progress_at END, \
-             decomposed_at = coalesce(decomposed_at, {now}), completed_at = coalesce(completed_at, {now}) \
-         WHERE parent_id = $1"
-    )
-}
-
-/// A cancelled parent's lane: nothing left to claim.
-pub(crate) const CLOSE_LANE: &str = "UPDATE lane SET floor = NULL, ready_at = NULL WHERE parent_id = $1";
-
-/// Whether a parent is complete; no row when it is missing.
-pub(crate) const PARENT_COMPLETE: &str = "SELECT completed_at IS NOT NULL FROM parent WHERE parent_id = $1";
-
-/// Deletes up to `$2` children of parent `$1` (the pruner's batch), by key.
-pub(crate) const DELETE_CHILDREN: &str = "DELETE FROM child WHERE parent_id = $1 AND sequence IN ( \
-    SELECT sequence FROM child WHERE parent_id = $1 ORDER BY sequence LIMIT $2)";
-
-/// What goes with a complete parent whose children are gone, before its row
-/// (`DELETE_PARENT`): its lane.
-pub(crate) const DELETE_WITH_PARENT: [&str; 1] = ["DELETE FROM lane WHERE parent_id = $1 \
-    AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
-    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)"];
-
-/// Deletes a complete parent whose children are gone.
-pub(crate) const DELETE_PARENT: &str = "DELETE FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL \
-    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
-
-/// Complete parents whose completion is older than `$1` seconds, oldest
-/// first, `$2` at most (the pruner's next batch); `ago` is the dialect's
-/// "now minus `$1` seconds".
-pub(crate) fn prunable(ago: &str) -> String {
-    format!(
-        "SELECT parent_id FROM parent WHERE completed_at IS NOT NULL AND completed_at < {ago} \
-         ORDER BY completed_at LIMIT $2"
-    )
-}
-
-/// Pauses queue `$1`; `now` is the dialect's clock.
-pub(crate) fn pause_queue(now: &str) -> String {
-    format!("INSERT INTO queue_pause (queue, paused_at) VALUES ($1, {now}) ON CONFLICT (queue) DO NOTHING")
-}
-
-pub(crate) const RESUME_QUEUE: &str = "DELETE FROM queue_pause WHERE queue = $1";
 
 /// A parent's stored projection for reconcile (its open counts less what
 /// outcomes settled; the lane's part is `LANE_OPEN`).

@@ -169,13 +169,13 @@ pub(in crate::store) async fn skip_open_children(
 
 /// Locks a parent row after its children; whether it is complete, `None` when missing.
 pub(in crate::store) async fn lock_complete(tx: &mut PgTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {
-    static SQL: LazyLock<String> = LazyLock::new(|| format!("{} FOR UPDATE", sql::PARENT_COMPLETE));
+    static SQL: LazyLock<String> = LazyLock::new(|| format!("{} FOR UPDATE", crate::store::lifecycle::PARENT_COMPLETE));
     Ok(sqlx::query_scalar(AssertSqlSafe(SQL.as_str()))
         .bind(parent_id.as_str())
         .fetch_optional(&mut **tx)
         .await?)
 }
 
-steps::cancel_steps!(PgTx, "now()");
+crate::store::lifecycle::cancel_steps!(PgTx, "now()");
 
-steps::lifecycle_steps!(PgStore, "now()", "now() - make_interval(secs => $1)");
+crate::store::lifecycle::lifecycle_steps!(PgStore, "now()", "now() - make_interval(secs => $1)");

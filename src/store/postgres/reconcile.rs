@@ -57,7 +57,7 @@ impl PgStore {
     }
 }
 
-steps::queue_reads!(
+crate::store::queues::queue_reads!(
     PgStore,
     super::MINUTE,
     "CAST(extract(epoch FROM now()) AS float8)",

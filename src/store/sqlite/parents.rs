@@ -157,15 +157,15 @@ pub(in crate::store) async fn skip_open_children(
 /// Whether a parent is complete, `None` when missing (the write transaction
 /// holds SQLite's one write lock).
 pub(in crate::store) async fn lock_complete(tx: &mut SqliteTx, parent_id: &ParentId) -> StoreResult<Option<bool>> {
-    Ok(sqlx::query_scalar(sql::PARENT_COMPLETE)
+    Ok(sqlx::query_scalar(crate::store::lifecycle::PARENT_COMPLETE)
         .bind(parent_id.as_str())
         .fetch_optional(&mut **tx)
         .await?)
 }
 
-steps::cancel_steps!(SqliteTx, now!());
+crate::store::lifecycle::cancel_steps!(SqliteTx, now!());
 
-steps::lifecycle_steps!(
+crate::store::lifecycle::lifecycle_steps!(
     SqliteStore,
     now!(),
     "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || $1 || ' seconds')"

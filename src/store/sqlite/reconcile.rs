@@ -56,7 +56,7 @@ impl SqliteStore {
     }
 }
 
-steps::queue_reads!(
+crate::store::queues::queue_reads!(
     SqliteStore,
     super::MINUTE,
     "((julianday('now') - 2440587.5) * 86400.0)",
