@@ -26,6 +26,8 @@ struct Args {
     fresh_only: bool,
     /// Only the dashboard scenarios.
     dashboard_only: bool,
+    /// Only the connection-pooler scenarios.
+    pooler_only: bool,
     json: Option<PathBuf>,
     admin_url: String,
     peers: bool,
@@ -36,6 +38,7 @@ fn parse_args() -> Args {
         quick: false,
         fresh_only: false,
         dashboard_only: false,
+        pooler_only: false,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned()),
@@ -48,6 +51,7 @@ fn parse_args() -> Args {
             "--no-peers" => args.peers = false,
             "--fresh-only" => args.fresh_only = true,
             "--dashboard-only" => args.dashboard_only = true,
+            "--pooler-only" => args.pooler_only = true,
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
             // cargo bench passes --bench; ignore anything else it adds.
@@ -719,6 +723,181 @@ async fn fresh_queue_burn(admin_url: &str, tag: &str, parents: usize, n: usize) 
 
 /// Puts the database in the same state before every measured run, so neither
 /// side pays for the previous scenario's checkpoint or dead rows.
+/// PgBouncer in transaction mode in front of the bench's Postgres, on a free
+/// port, every setting but the mode at Debian's defaults (a server pool of
+/// 20). `None` when it is not installed.
+struct PgBouncer {
+    child: tokio::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PgBouncer {
+    async fn start(admin_url: &str) -> Option<Self> {
+        let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .find(|p| Path::new(p).is_file())?;
+        let target: url::Url = admin_url.parse().expect("a Postgres URL");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("child-ledger-bench-pgbouncer-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let user = if target.username().is_empty() {
+            "postgres"
+        } else {
+            target.username()
+        };
+        std::fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n")).unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host={} port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                 unix_socket_dir =\nauth_type = trust\nauth_file = {}/userlist.txt\npool_mode = transaction\n\
+                 logfile = {}/pgbouncer.log\n",
+                target.host_str().unwrap_or("127.0.0.1"),
+                target.port().unwrap_or(5432),
+                dir.display(),
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let mut command = tokio::process::Command::new(binary);
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0");
+        if root {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            command.args(["-u", "postgres"]);
+        }
+        let child = command
+            .arg(dir.join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .ok()?;
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Some(Self { child, dir, port });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    /// `url` with its host and port replaced by this PgBouncer's.
+    fn url_for(&self, url: &str) -> String {
+        let mut url: url::Url = url.parse().expect("a Postgres URL");
+        url.set_host(Some("127.0.0.1")).unwrap();
+        url.set_port(Some(self.port)).unwrap();
+        url.to_string()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Burn-downs through PgBouncer in transaction mode (`--db-pooler
+/// transaction`), against the same burn-down over a direct connection on the
+/// same database, measured before and after it (their mean is the baseline):
+/// one parent, and a queue of many parents.
+async fn through_pgbouncer(admin_url: &str, sizes: &Sizes) -> Vec<Scenario> {
+    let Some(bouncer) = PgBouncer::start(admin_url).await else {
+        eprintln!("pgbouncer is not installed (apt-get install pgbouncer): the pooler scenarios are skipped");
+        return Vec::new();
+    };
+    let db = ScratchDb::create(admin_url, "pooler").await;
+    let direct = Service::start(&db.url).await;
+    let pooled = Service::start_with(
+        &bouncer.url_for(&db.url),
+        &["--db-pooler", "transaction", "--listen-database-url", &db.url],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let mut scenarios = Vec::new();
+
+    eprintln!("burn_down through pgbouncer, one parent of {} children ...", sizes.burn);
+    // The first burn-down on a fresh database grows the heap and the indexes
+    // (see `burn_down_http.cold_database`): a warm-up, not measured.
+    for run in ["warm-up", "direct-1", "pooled", "direct-2"] {
+        register(&client, &direct.base, run, "pooler", sizes.burn).await;
+    }
+    settle(&db.url).await;
+    burn_down_http(&direct.base, &parent_paths("warm-up", WORKERS), 100, sizes.burn as u64).await;
+    let mut rates = Vec::new();
+    for run in ["direct-1", "pooled", "direct-2"] {
+        let base = if run == "pooled" { &pooled.base } else { &direct.base };
+        settle(&db.url).await;
+        rates.push(burn_down_http(base, &parent_paths(run, WORKERS), 100, sizes.burn as u64).await);
+    }
+    eprintln!(
+        "  direct {:.0}, pooled {:.0}, direct {:.0} children/s",
+        rates[0], rates[1], rates[2]
+    );
+    scenarios.push(
+        Scenario::new("burn_down_http.through_pgbouncer", "children/s", rates[1])
+            .against(
+                "burn_down_http, direct (mean of before and after)",
+                (rates[0] + rates[2]) / 2.0,
+            )
+            .target(">= 0.7"),
+    );
+
+    let per_parent = sizes.burn / sizes.queue_parents;
+    eprintln!(
+        "burn_down through pgbouncer, a queue of {} parents ...",
+        sizes.queue_parents
+    );
+    for run in ["qwarm-up", "qdirect-1", "qpooled", "qdirect-2"] {
+        for p in 0..sizes.queue_parents {
+            register(&client, &direct.base, &format!("{run}-{p}"), run, per_parent).await;
+        }
+    }
+    let total = (per_parent * sizes.queue_parents) as u64;
+    settle(&db.url).await;
+    burn_down_http(
+        &direct.base,
+        &vec!["/v1/queues/qwarm-up/claims".to_owned(); WORKERS],
+        100,
+        total,
+    )
+    .await;
+    let mut rates = Vec::new();
+    for run in ["qdirect-1", "qpooled", "qdirect-2"] {
+        let base = if run == "qpooled" { &pooled.base } else { &direct.base };
+        settle(&db.url).await;
+        let paths = vec![format!("/v1/queues/{run}/claims"); WORKERS];
+        rates.push(burn_down_http(base, &paths, 100, total).await);
+    }
+    eprintln!(
+        "  direct {:.0}, pooled {:.0}, direct {:.0} children/s",
+        rates[0], rates[1], rates[2]
+    );
+    scenarios.push(
+        Scenario::new("burn_down_http.queue_parents.through_pgbouncer", "children/s", rates[1])
+            .against(
+                "burn_down_http.queue_parents, direct (mean of before and after)",
+                (rates[0] + rates[2]) / 2.0,
+            )
+            .target(">= 0.7"),
+    );
+
+    pooled.stop().await;
+    direct.stop().await;
+    drop(bouncer);
+    db.drop_now().await;
+    scenarios
+}
+
 async fn settle(database_url: &str) {
     let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
     sqlx::query("VACUUM ANALYZE").execute(&mut conn).await.unwrap();
@@ -1160,6 +1339,9 @@ async fn main() {
     if args.fresh_only {
         return fresh_against_peers(&args, &sizes).await;
     }
+    if args.pooler_only {
+        return print_table(&through_pgbouncer(&args.admin_url, &sizes).await);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1298,6 +1480,8 @@ async fn main() {
     peak_rss = peak_rss.max(service.stop().await);
     drop(store);
     db.drop_now().await;
+
+    scenarios.extend(through_pgbouncer(&args.admin_url, &sizes).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
     eprintln!("claim_latency_scale: 10k rows ...");

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use crate::access::QueueScope;
 use crate::ledger::{QueueName, SweepReport};
-use crate::store::{Store, backend_of};
+use crate::store::{Store, StoreOptions, backend_of};
 
 /// Parents the command-line sweep checks per call: how often it reports progress.
 const PAGE: i64 = 500;
@@ -15,14 +15,14 @@ const PAGE: i64 = 500;
 /// Drifted parents' reports the command-line sweep prints (`drifted` counts all).
 const PARENTS_SHOWN: usize = 1000;
 
-async fn connect(database_url: &str) -> anyhow::Result<Store> {
+async fn connect(database_url: &str, options: &StoreOptions) -> anyhow::Result<Store> {
     backend_of(database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
-    Store::connect(database_url).await
+    Store::connect_with(database_url, options).await
 }
 
 /// `migrate`: applies the migrations and says so on stderr.
-pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
-    let store = connect(database_url).await?;
+pub async fn migrate(database_url: &str, options: &StoreOptions) -> anyhow::Result<()> {
+    let store = connect(database_url, options).await?;
     store.migrate().await.context("applying migrations")?;
     eprintln!("migrations applied ({})", store.backend());
     Ok(())
@@ -39,8 +39,13 @@ pub fn openapi() -> anyhow::Result<()> {
 /// `reconcile`: sweeps every parent (or one queue's) a page at a time, with a
 /// progress bar on a terminal and a line per page otherwise; prints the report
 /// as JSON on stdout.
-pub async fn reconcile(database_url: &str, queue: Option<&QueueName>, apply: bool) -> anyhow::Result<()> {
-    let store = connect(database_url).await?;
+pub async fn reconcile(
+    database_url: &str,
+    options: &StoreOptions,
+    queue: Option<&QueueName>,
+    apply: bool,
+) -> anyhow::Result<()> {
+    let store = connect(database_url, options).await?;
     let every = QueueScope::every();
     let total = store.count_parents(queue, &every).await.context("counting parents")?;
     let bar = std::io::stderr().is_terminal().then(|| {

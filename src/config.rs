@@ -99,6 +99,20 @@ pub struct Config {
         global = true
     )]
     pub database_url: String,
+    /// What sits between the service and Postgres: `none` (a direct
+    /// connection), or `transaction`, a pooler in transaction-pooling mode
+    /// such as PgBouncer's `pool_mode = transaction`. In that mode no statement
+    /// is prepared by name, every setting is `SET LOCAL` and every statement
+    /// runs in a transaction, so no session state outlives it.
+    #[arg(long, env = "LEDGER_DB_POOLER", value_enum, default_value_t = DbPooler::None, global = true)]
+    pub db_pooler: DbPooler,
+    /// A direct connection to Postgres (not through the pooler) for what needs
+    /// a session of its own: `LISTEN`, which wakes long polls across replicas,
+    /// and migrations. Only with `--db-pooler transaction`; without it, long
+    /// polls wake on their periodic recheck and migrations must be applied
+    /// with `child-ledger migrate` against Postgres directly.
+    #[arg(long, env = "LEDGER_LISTEN_DATABASE_URL", hide_env_values = true, global = true)]
+    pub listen_database_url: Option<String>,
     /// Most database connections this process opens for requests (on Postgres
     /// one more is held for `LISTEN`).
     #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
@@ -147,6 +161,28 @@ pub struct Config {
 }
 
 impl Config {
+    /// How the store connects, as these flags say.
+    pub fn store_options(&self) -> anyhow::Result<crate::store::StoreOptions> {
+        anyhow::ensure!(
+            self.listen_database_url.is_none() || self.db_pooler == DbPooler::Transaction,
+            "--listen-database-url (LEDGER_LISTEN_DATABASE_URL) is only for --db-pooler transaction: without a pooler, \
+             LISTEN already has a direct connection"
+        );
+        if let Some(url) = &self.listen_database_url {
+            anyhow::ensure!(
+                crate::store::backend_of(url) == Some("postgres"),
+                "--listen-database-url (LEDGER_LISTEN_DATABASE_URL) must be a postgres://… URL straight to Postgres"
+            );
+        }
+        Ok(crate::store::StoreOptions {
+            max_connections: self.db_max_connections,
+            statement_timeout: Duration::from_secs(self.statement_timeout_seconds),
+            behind_transaction_pooler: self.db_pooler == DbPooler::Transaction,
+            direct_url: self.listen_database_url.clone(),
+            ..crate::store::StoreOptions::default()
+        })
+    }
+
     pub fn reap_interval(&self) -> Duration {
         Duration::from_millis(self.reap_interval_ms.max(10))
     }
@@ -184,6 +220,17 @@ impl ReconcileJobConfig {
             idle: Duration::from_millis(500),
         }
     }
+}
+
+/// What sits between the service and Postgres (`--db-pooler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum DbPooler {
+    /// A direct connection: sessions are the service's own.
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`):
+    /// a server connection is the service's only for one transaction.
+    Transaction,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -20,10 +20,13 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Token {
             command: TokenCommand::New { name, roles, queues },
         }) => print_new_token(&name, roles, queues),
-        Some(Command::Migrate) => child_ledger::cli::migrate(&cli.config.database_url).await,
+        Some(Command::Migrate) => {
+            child_ledger::cli::migrate(&cli.config.database_url, &cli.config.store_options()?).await
+        }
         Some(Command::Openapi) => child_ledger::cli::openapi(),
         Some(Command::Reconcile { queue, apply }) => {
-            child_ledger::cli::reconcile(&cli.config.database_url, queue.as_ref(), apply).await
+            let options = cli.config.store_options()?;
+            child_ledger::cli::reconcile(&cli.config.database_url, &options, queue.as_ref(), apply).await
         }
     }
 }
@@ -102,11 +105,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // Installed before anything else waits, so a SIGHUP never ends the process.
     #[cfg(unix)]
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("handling SIGHUP")?;
-    let options = StoreOptions {
-        max_connections: config.db_max_connections,
-        statement_timeout: Duration::from_secs(config.statement_timeout_seconds),
-        ..StoreOptions::default()
-    };
+    let options = config.store_options()?;
 
     // The port opens before the database is reached: /healthz answers at once,
     // /readyz and /v1 answer 503 with Retry-After until the ledger is ready.
@@ -136,6 +135,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         _ = stop.wait_for(|stopping| *stopping) => return Ok(server.await??),
     };
     store.migrate().await.context("applying migrations")?;
+    if options.behind_transaction_pooler && options.direct_url.is_none() && backend == "postgres" {
+        tracing::warn!(
+            wait_recheck_ms = config.limits.wait_recheck_ms,
+            "--db-pooler transaction without --listen-database-url: LISTEN cannot work through the pooler, so a \
+             waiting claim learns of another replica's work only on its periodic recheck; pass a URL straight \
+             to Postgres as --listen-database-url (LEDGER_LISTEN_DATABASE_URL) for long polls that wake at once"
+        );
+    }
 
     let mut state = AppState::new(store, config.limits.clone()).with_access(Arc::clone(&access));
     state.shutdown = shutdown.clone();

@@ -758,6 +758,24 @@ async fn list_children(client: &reqwest::Client, base: &str, parent: &str) -> Ve
 }
 
 async fn chaos(backend: Backend) {
+    run_chaos(backend, None).await;
+}
+
+/// The same chaos, with both replicas reaching Postgres through PgBouncer in
+/// transaction mode (`--db-pooler transaction`, fewer server connections
+/// than the replicas' clients) and `LISTEN` through the direct URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_through_pgbouncer() {
+    if !postgres_available().await {
+        return;
+    }
+    let Some(bouncer) = common::pgbouncer::PgBouncer::start().await else {
+        return;
+    };
+    run_chaos(Backend::Postgres, Some(&bouncer)).await;
+}
+
+async fn run_chaos(backend: Backend, bouncer: Option<&common::pgbouncer::PgBouncer>) {
     let parents = env_u64("CHAOS_PARENTS", 8);
     let per_parent = env_u64("CHAOS_CHILDREN", 150);
     let workers = env_u64("CHAOS_WORKERS", 8) as usize;
@@ -774,9 +792,10 @@ async fn chaos(backend: Backend) {
                 .as_nanos() as u64
                 ^ u64::from(std::process::id())
         });
-    let label = match backend {
-        Backend::Sqlite => "sqlite",
-        Backend::Postgres => "postgres",
+    let label = match (backend, bouncer) {
+        (Backend::Sqlite, _) => "sqlite",
+        (Backend::Postgres, None) => "postgres",
+        (Backend::Postgres, Some(_)) => "postgres through pgbouncer",
     };
     eprintln!("chaos[{label}]: seed {seed} (CHAOS_SEED={seed} repeats the choices)");
 
@@ -784,7 +803,7 @@ async fn chaos(backend: Backend) {
     let store = db.store().await;
     let (hook_port, webhooks, _receiver) = webhook_receiver().await;
     let allow = format!("127.0.0.1:{hook_port}");
-    let flags = [
+    let mut flags = vec![
         "--reap-interval-ms",
         "200",
         "--webhook-allow-hosts",
@@ -794,10 +813,17 @@ async fn chaos(backend: Backend) {
         "--webhook-poll-ms",
         "200",
     ];
-    let mut processes = vec![ServiceProcess::start("chaos-a", &db.url, &flags).await];
+    let service_url = match bouncer {
+        Some(bouncer) => {
+            flags.extend(["--db-pooler", "transaction", "--listen-database-url", &db.url]);
+            bouncer.url_for(&db.url)
+        }
+        None => db.url.clone(),
+    };
+    let mut processes = vec![ServiceProcess::start("chaos-a", &service_url, &flags).await];
     processes[0].ready().await;
     if backend == Backend::Postgres {
-        let b = ServiceProcess::start("chaos-b", &db.url, &flags).await;
+        let b = ServiceProcess::start("chaos-b", &service_url, &flags).await;
         b.ready().await;
         processes.push(b);
     }

@@ -1,11 +1,19 @@
-//! The example workers, in Python and Node, run side by side on one queue:
-//! first interrupted with SIGTERM (they must give back what they hold), then
-//! to the end. Every child is processed exactly once, by the ledger and on the
-//! "remote side" (the shared effects file), and both languages do work.
+//! The example workers, in Python, Node and TypeScript, run side by side on
+//! one queue: first interrupted with SIGTERM (they must give back what they
+//! hold), then to the end. Every child is processed exactly once, by the
+//! ledger and on the "remote side" (the shared effects file), and every
+//! language does work.
+//!
+//! The TypeScript worker is compiled here with `tsc --strict` against the
+//! types openapi-typescript generates from openapi/openapi.json (`.ci/clients`
+//! installs tsc and writes them to `target/clients/typescript`). Without them
+//! it is left out with a loud message (Python and Node still run), and the
+//! test fails when `CI=true` or `LEDGER_REQUIRE_POSTGRES=1`.
 
 mod common;
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -19,21 +27,100 @@ const PARENTS: usize = 6;
 const CHILDREN: usize = 100;
 const QUEUE: &str = "polyglot";
 
-fn example(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(path)
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One example worker: its language, and the program and script that run it.
+struct Example {
+    lang: &'static str,
+    program: &'static str,
+    script: PathBuf,
+}
+
+/// The examples to run: Python and Node, and TypeScript compiled into `dir`
+/// when the generated types and tsc are there.
+async fn examples(dir: &Path) -> Vec<Example> {
+    let mut examples = vec![
+        Example {
+            lang: "python",
+            program: "python3",
+            script: root().join("examples/python/worker.py"),
+        },
+        Example {
+            lang: "node",
+            program: "node",
+            script: root().join("examples/node/worker.mjs"),
+        },
+    ];
+    if let Some(script) = compile_typescript(dir).await {
+        examples.push(Example {
+            lang: "typescript",
+            program: "node",
+            script,
+        });
+    }
+    examples
+}
+
+/// Compiles examples/typescript/worker.ts with `tsc --strict` (its
+/// tsconfig.json) into `dir`; `None`, after a loud message, when the generated
+/// types or tsc are missing and nothing requires them.
+async fn compile_typescript(dir: &Path) -> Option<PathBuf> {
+    let generated = root().join("target/clients/typescript");
+    let tsc = generated.join("node_modules/.bin/tsc");
+    let needed = [
+        tsc.clone(),
+        generated.join("ledger.d.ts"),
+        generated.join("node_modules/@types/node/package.json"),
+    ];
+    if let Some(missing) = needed.iter().find(|path| !path.exists()) {
+        let message = format!(
+            "{} is missing: run .ci/clients to generate the TypeScript types and install tsc",
+            missing.display()
+        );
+        let required = ["CI", "LEDGER_REQUIRE_POSTGRES"]
+            .iter()
+            .any(|var| std::env::var(var).is_ok_and(|v| v == "1" || v == "true"));
+        assert!(
+            !required,
+            "{message} (required under CI=true or LEDGER_REQUIRE_POSTGRES=1)"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n*** {message}; the TypeScript worker is SKIPPED (Python and Node still run). \
+             Set LEDGER_REQUIRE_POSTGRES=1 to make that a failure. ***\n"
+        );
+        return None;
+    }
+    let out = dir.join("typescript");
+    let output = Command::new(&tsc)
+        .arg("-p")
+        .arg(root().join("examples/typescript"))
+        .arg("--outDir")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tsc.display()));
+    assert!(
+        output.status.success(),
+        "tsc --strict refuses examples/typescript/worker.ts:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The compiled worker is an ES module (top-level await), as worker.mjs is.
+    std::fs::write(out.join("package.json"), r#"{"private": true, "type": "module"}"#).unwrap();
+    Some(out.join("worker.js"))
 }
 
 /// Starts one worker with a worker token (Python takes it as `--token`, Node
-/// from `LEDGER_TOKEN`: the two ways the examples accept it); `extra` adds
-/// flags after the common ones.
-fn worker(lang: &str, base: &str, token: &str, effects: &Path, extra: &[&str]) -> Child {
-    let (program, script) = match lang {
-        "python" => ("python3", example("python/worker.py")),
-        _ => ("node", example("node/worker.mjs")),
-    };
+/// and TypeScript from `LEDGER_TOKEN`: the two ways the examples accept it);
+/// `extra` adds flags after the common ones.
+fn worker(example: &Example, base: &str, token: &str, effects: &Path, extra: &[&str]) -> Child {
+    let Example { lang, program, script } = example;
     let mut command = Command::new(program);
     command.arg(script);
-    if lang == "python" {
+    if *lang == "python" {
         command.args(["--token", token]);
     } else {
         command.env("LEDGER_TOKEN", token);
@@ -83,7 +170,7 @@ fn sigterm(child: &Child) {
     assert!(status.success());
 }
 
-async fn python_and_node_share_a_queue(backend: Backend) {
+async fn example_workers_share_a_queue(backend: Backend) {
     let (worker_token, worker_entry) = token("polyglot-workers", &[Role::Worker], &[QUEUE]);
     let (admin_token, admin_entry) = token("polyglot-test", &[Role::Admin], &[]);
     let mut app = spawn_app_with_tokens(backend, json!([worker_entry, admin_entry])).await;
@@ -102,19 +189,24 @@ async fn python_and_node_share_a_queue(backend: Backend) {
     let dir = std::env::temp_dir().join(format!("child-ledger-polyglot-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let effects = dir.join("effects.jsonl");
+    let examples = examples(&dir).await;
 
-    // Round 1: both start slowly and are told to stop part way through.
+    // Round 1: all start slowly and are told to stop part way through.
     let slow = ["--work-ms", "5", "--wait-seconds", "1"];
-    let python = worker("python", &app.base, &worker_token, &effects, &slow);
-    let node = worker("node", &app.base, &worker_token, &effects, &slow);
+    let running: Vec<Child> = examples
+        .iter()
+        .map(|e| worker(e, &app.base, &worker_token, &effects, &slow))
+        .collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while app.count("SELECT count(*) FROM child WHERE state = 'processed'").await < total / 5 {
         assert!(tokio::time::Instant::now() < deadline, "the workers made no progress");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    sigterm(&python);
-    sigterm(&node);
-    let first = [summary("python", python).await, summary("node", node).await];
+    running.iter().for_each(sigterm);
+    let mut first = Vec::new();
+    for (example, child) in examples.iter().zip(running) {
+        first.push(summary(example.lang, child).await);
+    }
     assert_eq!(
         app.count("SELECT count(*) FROM child WHERE state = 'in_flight'").await,
         0,
@@ -124,20 +216,27 @@ async fn python_and_node_share_a_queue(backend: Backend) {
     let processed_first: i64 = first.iter().map(|s| n(s, "processed")).sum();
     assert!(processed_first < total, "round 1 was not interrupted: {first:?}");
 
-    // Round 2: both drain the queue and exit when it is empty.
+    // Round 2: all drain the queue and exit when it is empty.
     let drain = ["--exit-when-empty", "--work-ms", "1"];
-    let python = worker("python", &app.base, &worker_token, &effects, &drain);
-    let node = worker("node", &app.base, &worker_token, &effects, &drain);
-    let second = [summary("python", python).await, summary("node", node).await];
+    let running: Vec<Child> = examples
+        .iter()
+        .map(|e| worker(e, &app.base, &worker_token, &effects, &drain))
+        .collect();
+    let mut second = Vec::new();
+    for (example, child) in examples.iter().zip(running) {
+        second.push(summary(example.lang, child).await);
+    }
 
     let all: Vec<&Value> = first.iter().chain(&second).collect();
-    for lang in ["python", "node"] {
-        let did: i64 = all
-            .iter()
+    let processed_by = |lang: &str| -> i64 {
+        all.iter()
             .filter(|s| s["lang"] == lang)
             .map(|s| n(s, "processed"))
-            .sum();
-        assert!(did > 0, "the {lang} worker processed nothing: {all:?}");
+            .sum()
+    };
+    for example in &examples {
+        let lang = example.lang;
+        assert!(processed_by(lang) > 0, "the {lang} worker processed nothing: {all:?}");
     }
     let processed: i64 = all.iter().map(|s| n(s, "processed")).sum();
     let not_applied: i64 = all.iter().map(|s| n(s, "not_applied")).sum();
@@ -181,19 +280,16 @@ async fn python_and_node_share_a_queue(backend: Backend) {
     );
     let repeated: Vec<_> = effects_per_key.iter().filter(|(_, n)| **n > 1).collect();
     assert!(repeated.is_empty(), "effects repeated: {repeated:?}");
+    let by_lang: Vec<String> = examples
+        .iter()
+        .map(|e| format!("{} {}", e.lang, processed_by(e.lang)))
+        .collect();
     eprintln!(
         "{backend:?}: {total} children; round 1 processed {processed_first} and released {released} on SIGTERM; \
-         python {} + node {} processed in all",
-        all.iter()
-            .filter(|s| s["lang"] == "python")
-            .map(|s| n(s, "processed"))
-            .sum::<i64>(),
-        all.iter()
-            .filter(|s| s["lang"] == "node")
-            .map(|s| n(s, "processed"))
-            .sum::<i64>(),
+         processed in all: {}",
+        by_lang.join(", ")
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-both_stores!(python_and_node_share_a_queue);
+both_stores!(example_workers_share_a_queue);

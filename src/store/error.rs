@@ -59,13 +59,36 @@ pub fn permanent_connect_error(err: &anyhow::Error) -> Option<String> {
                 "the database refused the connection ({}): fix the user or password in DATABASE_URL, or the server's pg_hba.conf",
                 db.message()
             )),
+            // PgBouncer answers these with its own code (08P01), in words.
+            _ if db.message().starts_with("database \"") && db.message().ends_with("does not exist") => Some(format!(
+                "{}: create it first (createdb), or fix the database name in DATABASE_URL (behind PgBouncer, \
+                     also its [databases] section)",
+                db.message()
+            )),
+            _ if [
+                "password authentication failed",
+                "no such user",
+                "SASL authentication failed",
+            ]
+            .iter()
+            .any(|words| db.message().contains(words)) =>
+            {
+                Some(format!(
+                    "the pooler refused the connection ({}): fix the user or password in DATABASE_URL, or PgBouncer's \
+                     auth_file / auth_query",
+                    db.message()
+                ))
+            }
             Some("3D000") => Some(format!(
                 "{}: create it first (createdb), or fix the database name in DATABASE_URL",
                 db.message()
             )),
             _ if db.message().contains("unsupported startup parameter") => Some(format!(
-                "{}: a connection pooler in front of Postgres refused a startup parameter; with PgBouncer, set \
-                 `ignore_startup_parameters = extra_float_digits`",
+                "{}: a connection pooler in front of Postgres refused a startup parameter. Behind PgBouncer in \
+                 transaction mode, run with `--db-pooler transaction` (LEDGER_DB_POOLER=transaction), which sends \
+                 none and keeps no session state; in session mode, set PgBouncer's \
+                 `ignore_startup_parameters = extra_float_digits, options` (the settings then come from the role: \
+                 `ALTER ROLE … SET statement_timeout = '30s'`)",
                 db.message()
             )),
             _ => None,

@@ -61,6 +61,12 @@ pub struct StoreOptions {
     /// transaction left idle is ended after twice that
     /// (`idle_in_transaction_session_timeout`).
     pub statement_timeout: Duration,
+    /// Postgres is reached through a pooler in transaction mode (PgBouncer
+    /// `pool_mode = transaction`): no named prepared statements, no session
+    /// settings, every statement in a transaction of its own.
+    pub behind_transaction_pooler: bool,
+    /// A direct Postgres URL (bypassing the pooler) for `LISTEN` and migrations.
+    pub direct_url: Option<String>,
 }
 
 impl Default for StoreOptions {
@@ -70,6 +76,8 @@ impl Default for StoreOptions {
             // Under 5 s: with the database down, a request is answered 503 within 5 s.
             acquire_timeout: Duration::from_secs(3),
             statement_timeout: Duration::from_secs(30),
+            behind_transaction_pooler: false,
+            direct_url: None,
         }
     }
 }
@@ -337,10 +345,11 @@ impl Store {
     }
 
     /// Other replicas' work notifications (Postgres only; `None` on SQLite,
-    /// where every claim is in this process).
+    /// where every claim is in this process, and through a transaction pooler
+    /// without a direct URL, where waiting claims rely on their recheck).
     pub async fn listen_for_work(&self) -> StoreResult<Option<WorkListener>> {
         match &self.db {
-            Db::Postgres(s) => Ok(Some(WorkListener(s.listen_for_work().await?))),
+            Db::Postgres(s) => Ok(s.listen_for_work().await?.map(WorkListener)),
             Db::Sqlite(_) => Ok(None),
         }
     }

@@ -146,6 +146,18 @@ impl ServiceProcess {
         }
     }
 
+    /// The exit status of a process expected to exit by itself within `timeout`.
+    pub async fn exited(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => {
+                self.child = None;
+                status.unwrap()
+            }
+            Err(_) => panic!("{} still runs after {timeout:?}; log:\n{}", self.name, self.log_text()),
+        }
+    }
+
     /// Starts the process again on the same port, with the same arguments.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "{} is still running", self.name);

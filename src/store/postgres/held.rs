@@ -8,10 +8,13 @@
 //! (`client_connection_check_interval`, set on every connection).
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool, Postgres};
+
+use super::pooler::Session;
 
 /// How often a backend running a statement checks that its client is still
 /// there: how soon after its request is dropped an abandoned statement ends.
@@ -25,28 +28,34 @@ const SETTLE_GRACE: Duration = Duration::from_millis(250);
 pub(crate) struct Held {
     conn: Option<PoolConnection<Postgres>>,
     in_transaction: bool,
+    /// How this connection's transactions end (see `Session`).
+    commit: &'static str,
+    rollback: &'static str,
 }
 
 impl Held {
     /// A connection for a read that may scan.
-    pub(super) async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
+    pub(super) async fn acquire(pool: &PgPool, session: &Session) -> Result<Self, sqlx::Error> {
         Ok(Self {
             conn: Some(pool.acquire().await?),
             in_transaction: false,
+            commit: session.commit,
+            rollback: session.rollback,
         })
     }
 
-    /// A connection in a transaction begun with `begin` (`BEGIN`, `BEGIN READ ONLY`, …).
-    pub(super) async fn begin(pool: &PgPool, begin: &'static str) -> Result<Self, sqlx::Error> {
-        let mut held = Self::acquire(pool).await?;
+    /// A connection in a transaction, begun as `session` says.
+    pub(super) async fn begin(pool: &PgPool, session: &Session) -> Result<Self, sqlx::Error> {
+        let mut held = Self::acquire(pool, session).await?;
         // Set first: a BEGIN dropped halfway may still have started the transaction.
         held.in_transaction = true;
-        held.execute(begin).await?;
+        held.execute(AssertSqlSafe(Arc::clone(&session.begin))).await?;
         Ok(held)
     }
 
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        self.execute("COMMIT").await?;
+        let commit = self.commit;
+        self.execute(commit).await?;
         self.in_transaction = false;
         self.conn.take();
         Ok(())
@@ -73,10 +82,11 @@ impl Drop for Held {
             return;
         };
         let in_transaction = self.in_transaction;
+        let rollback = self.rollback;
         runtime.spawn(async move {
             let settle = async {
                 if in_transaction {
-                    conn.execute("ROLLBACK").await.map(drop)
+                    conn.execute(rollback).await.map(drop)
                 } else {
                     conn.ping().await
                 }

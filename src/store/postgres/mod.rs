@@ -7,16 +7,21 @@ pub(super) mod claims;
 mod held;
 pub(super) mod outcomes;
 pub(super) mod parents;
+mod pooler;
 pub(super) mod reconcile;
 pub(super) mod reconcile_jobs;
 mod rows;
 pub(super) mod webhooks;
 
-use sqlx::PgPool;
+use std::sync::Arc;
+
+use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
 
 use super::{PoolStats, StoreOptions, StoreResult};
 use held::Held;
+use pooler::{PgDb, Session};
 
 /// The current minute since the epoch, by the database clock.
 const MINUTE: &str = "(floor(extract(epoch FROM now()) / 60))::bigint";
@@ -29,17 +34,22 @@ pub(super) type PgTx = Held;
 
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
-    pool: PgPool,
+    /// Every statement's way to Postgres (see `pooler`): `&self.pool` runs one.
+    pool: PgDb,
+    /// A direct URL for what needs a session: `LISTEN` and migrations.
+    direct_url: Option<String>,
 }
 
 impl PgStore {
     pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
-        // Every statement here is written so that one index serves it in
-        // order whatever the statistics say (partial indexes named by literal
-        // states, rows looked up by both key columns): a generic plan is as
-        // good as a custom one, and planning the claim's CTEs per call cost
-        // about 5% of a burn-down. Prepared once per connection, planned once.
-        let connect: PgConnectOptions = url.parse::<PgConnectOptions>()?.options([
+        let settings = [
+            // Every statement here is written so that one index serves it in
+            // order whatever the statistics say (partial indexes named by
+            // literal states, rows looked up by both key columns): a generic
+            // plan is as good as a custom one, and planning the claim's CTEs
+            // per call cost about 5% of a burn-down. Prepared once per
+            // connection, planned once. (Through a transaction pooler nothing
+            // is prepared for long: the setting would change nothing.)
             ("plan_cache_mode", "force_generic_plan".to_owned()),
             (
                 "statement_timeout",
@@ -53,36 +63,88 @@ impl PgStore {
                 "client_connection_check_interval",
                 format!("{}ms", held::CLIENT_CHECK.as_millis()),
             ),
-        ]);
-        let pool = PgPoolOptions::new()
+        ];
+        let parsed = url.parse::<PgConnectOptions>()?;
+        let (connect, session, pool_size) = if options.behind_transaction_pooler {
+            // No startup parameter a pooler may refuse (sqlx's
+            // `extra_float_digits` is for text-format floats; every value
+            // here travels in binary), no statement kept by name.
+            let connect = parsed.extra_float_digits(None).statement_cache_capacity(0);
+            let session = Session::transaction_pooled(&settings[1..]);
+            // `LISTEN` has its own connection, straight to Postgres.
+            (connect, session, options.max_connections)
+        } else {
             // One more than requests may use: the work listener holds one
             // connection for the life of the process.
-            .max_connections(options.max_connections + 1)
+            (parsed.options(settings), Session::direct(), options.max_connections + 1)
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool: PgDb {
+                pool,
+                session: Arc::new(session),
+            },
+            direct_url: options.direct_url.clone(),
+        })
     }
 
     /// Applies the migrations on one connection without the statement
     /// timeout: rewriting a big ledger's table may take minutes, on purpose.
-    /// (The connection is closed afterwards rather than reset.)
+    /// (The connection is closed afterwards rather than reset.) sqlx holds a
+    /// session-level advisory lock while it migrates, so through a
+    /// transaction pooler migrations run over the direct URL; without one,
+    /// the schema must already be current.
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
-        sqlx::migrate!("./migrations/postgres").run(&mut *conn).await?;
-        conn.close_on_drop();
+        let migrator = sqlx::migrate!("./migrations/postgres");
+        if !self.pool.session.transaction_pooled {
+            let mut conn = self.pool.pool.acquire().await?;
+            sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
+            migrator.run(&mut *conn).await?;
+            conn.close_on_drop();
+            return Ok(());
+        }
+        if let Some(url) = &self.direct_url {
+            let mut conn = PgConnection::connect(url)
+                .await
+                .context("connecting to --listen-database-url (LEDGER_LISTEN_DATABASE_URL) to apply migrations")?;
+            sqlx::query("SET statement_timeout = 0").execute(&mut conn).await?;
+            migrator.run(&mut conn).await?;
+            conn.close().await?;
+            return Ok(());
+        }
+        let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+        let applied: Option<i64> = sqlx::query_scalar(
+            "SELECT max(version) FROM _sqlx_migrations WHERE success AND to_regclass('_sqlx_migrations') IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .or_else(|err| match &err {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(None),
+            _ => Err(err),
+        })?;
+        anyhow::ensure!(
+            applied.unwrap_or(0) >= latest,
+            "the schema is not current (migration {} applied, {latest} needed), and migrations need a session \
+             of their own, which a transaction pooler does not give: pass --listen-database-url \
+             (LEDGER_LISTEN_DATABASE_URL) with a URL straight to Postgres, or run \
+             `child-ledger migrate --database-url <a URL straight to Postgres>` first",
+            applied.unwrap_or(0)
+        );
         Ok(())
     }
 
     pub(super) async fn begin(&self) -> StoreResult<PgTx> {
-        Ok(Held::begin(&self.pool, "BEGIN").await?)
+        Ok(self.pool.begin().await?)
     }
 
     /// A connection for one read that may scan (a page of parents with their
     /// counts, a drift page): its statement ends if the request is dropped.
     pub(super) async fn read(&self) -> StoreResult<Held> {
-        Ok(Held::acquire(&self.pool).await?)
+        Ok(self.pool.read().await?)
     }
 
     pub async fn ping(&self) -> StoreResult<()> {
@@ -91,11 +153,12 @@ impl PgStore {
     }
 
     pub fn pool_stats(&self) -> Vec<PoolStats> {
+        let pool = &self.pool.pool;
         vec![PoolStats {
             name: "postgres",
-            size: self.pool.size(),
-            idle: self.pool.num_idle() as u32,
-            max: self.pool.options().get_max_connections(),
+            size: pool.size(),
+            idle: pool.num_idle() as u32,
+            max: pool.options().get_max_connections(),
         }]
     }
 
@@ -109,10 +172,16 @@ impl PgStore {
         Ok(())
     }
 
-    pub async fn listen_for_work(&self) -> StoreResult<PgListener> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
+    /// Other replicas' work notifications; `None` through a transaction
+    /// pooler without a direct URL, where `LISTEN` would never hear anything.
+    pub async fn listen_for_work(&self) -> StoreResult<Option<PgListener>> {
+        let mut listener = match (&self.direct_url, self.pool.session.transaction_pooled) {
+            (_, false) => PgListener::connect_with(&self.pool.pool).await?,
+            (Some(url), true) => PgListener::connect(url).await?,
+            (None, true) => return Ok(None),
+        };
         listener.listen(WORK_CHANNEL).await?;
-        Ok(listener)
+        Ok(Some(listener))
     }
 
     /// Keeps the planner's picture of `child` fresh after a bulk write, so the
