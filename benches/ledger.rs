@@ -18,6 +18,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::Connection;
 
+/// The tests' PgBouncer harness (transaction mode, a free port).
+#[allow(dead_code)]
+#[path = "../tests/common/pgbouncer.rs"]
+mod pgbouncer;
+
 const WORKERS: usize = 8;
 
 struct Args {
@@ -723,97 +728,17 @@ async fn fresh_queue_burn(admin_url: &str, tag: &str, parents: usize, n: usize) 
 
 /// Puts the database in the same state before every measured run, so neither
 /// side pays for the previous scenario's checkpoint or dead rows.
-/// PgBouncer in transaction mode in front of the bench's Postgres, on a free
-/// port, every setting but the mode at Debian's defaults (a server pool of
-/// 20). `None` when it is not installed.
-struct PgBouncer {
-    child: tokio::process::Child,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl PgBouncer {
-    async fn start(admin_url: &str) -> Option<Self> {
-        let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
-            .into_iter()
-            .find(|p| Path::new(p).is_file())?;
-        let target: url::Url = admin_url.parse().expect("a Postgres URL");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!("child-ledger-bench-pgbouncer-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let user = if target.username().is_empty() {
-            "postgres"
-        } else {
-            target.username()
-        };
-        std::fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n")).unwrap();
-        std::fs::write(
-            dir.join("pgbouncer.ini"),
-            format!(
-                "[databases]\n* = host={} port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
-                 unix_socket_dir =\nauth_type = trust\nauth_file = {}/userlist.txt\npool_mode = transaction\n\
-                 logfile = {}/pgbouncer.log\n",
-                target.host_str().unwrap_or("127.0.0.1"),
-                target.port().unwrap_or(5432),
-                dir.display(),
-                dir.display()
-            ),
-        )
-        .unwrap();
-        let mut command = tokio::process::Command::new(binary);
-        let root = std::process::Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0");
-        if root {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-            command.args(["-u", "postgres"]);
-        }
-        let child = command
-            .arg(dir.join("pgbouncer.ini"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .ok()?;
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return Some(Self { child, dir, port });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        None
-    }
-
-    /// `url` with its host and port replaced by this PgBouncer's.
-    fn url_for(&self, url: &str) -> String {
-        let mut url: url::Url = url.parse().expect("a Postgres URL");
-        url.set_host(Some("127.0.0.1")).unwrap();
-        url.set_port(Some(self.port)).unwrap();
-        url.to_string()
-    }
-}
-
-impl Drop for PgBouncer {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Burn-downs through PgBouncer in transaction mode (`--db-pooler
 /// transaction`), against the same burn-down over a direct connection on the
 /// same database, measured before and after it (their mean is the baseline):
 /// one parent, and a queue of many parents.
 async fn through_pgbouncer(admin_url: &str, sizes: &Sizes) -> Vec<Scenario> {
-    let Some(bouncer) = PgBouncer::start(admin_url).await else {
-        eprintln!("pgbouncer is not installed (apt-get install pgbouncer): the pooler scenarios are skipped");
-        return Vec::new();
+    let bouncer = match pgbouncer::PgBouncer::start(admin_url, None).await {
+        Ok(bouncer) => bouncer,
+        Err(why) => {
+            eprintln!("{why}: the pooler scenarios are skipped");
+            return Vec::new();
+        }
     };
     let db = ScratchDb::create(admin_url, "pooler").await;
     let direct = Service::start(&db.url).await;
@@ -826,29 +751,16 @@ async fn through_pgbouncer(admin_url: &str, sizes: &Sizes) -> Vec<Scenario> {
     let mut scenarios = Vec::new();
 
     eprintln!("burn_down through pgbouncer, one parent of {} children ...", sizes.burn);
-    // The first burn-down on a fresh database grows the heap and the indexes
-    // (see `burn_down_http.cold_database`): a warm-up, not measured.
-    for run in ["warm-up", "direct-1", "pooled", "direct-2"] {
+    for run in RUNS {
         register(&client, &direct.base, run, "pooler", sizes.burn).await;
     }
-    settle(&db.url).await;
-    burn_down_http(&direct.base, &parent_paths("warm-up", WORKERS), 100, sizes.burn as u64).await;
-    let mut rates = Vec::new();
-    for run in ["direct-1", "pooled", "direct-2"] {
-        let base = if run == "pooled" { &pooled.base } else { &direct.base };
-        settle(&db.url).await;
-        rates.push(burn_down_http(base, &parent_paths(run, WORKERS), 100, sizes.burn as u64).await);
-    }
-    eprintln!(
-        "  direct {:.0}, pooled {:.0}, direct {:.0} children/s",
-        rates[0], rates[1], rates[2]
-    );
+    let rates = pooled_against_direct(&db.url, &direct, &pooled, |run| {
+        (parent_paths(run, WORKERS), sizes.burn as u64)
+    })
+    .await;
     scenarios.push(
-        Scenario::new("burn_down_http.through_pgbouncer", "children/s", rates[1])
-            .against(
-                "burn_down_http, direct (mean of before and after)",
-                (rates[0] + rates[2]) / 2.0,
-            )
+        Scenario::new("burn_down_http.through_pgbouncer", "children/s", rates.0)
+            .against("burn_down_http, direct (mean of before and after)", rates.1)
             .target(">= 0.7"),
     );
 
@@ -857,36 +769,21 @@ async fn through_pgbouncer(admin_url: &str, sizes: &Sizes) -> Vec<Scenario> {
         "burn_down through pgbouncer, a queue of {} parents ...",
         sizes.queue_parents
     );
-    for run in ["qwarm-up", "qdirect-1", "qpooled", "qdirect-2"] {
+    for run in RUNS {
         for p in 0..sizes.queue_parents {
             register(&client, &direct.base, &format!("{run}-{p}"), run, per_parent).await;
         }
     }
     let total = (per_parent * sizes.queue_parents) as u64;
-    settle(&db.url).await;
-    burn_down_http(
-        &direct.base,
-        &vec!["/v1/queues/qwarm-up/claims".to_owned(); WORKERS],
-        100,
-        total,
-    )
+    let rates = pooled_against_direct(&db.url, &direct, &pooled, |run| {
+        (vec![format!("/v1/queues/{run}/claims"); WORKERS], total)
+    })
     .await;
-    let mut rates = Vec::new();
-    for run in ["qdirect-1", "qpooled", "qdirect-2"] {
-        let base = if run == "qpooled" { &pooled.base } else { &direct.base };
-        settle(&db.url).await;
-        let paths = vec![format!("/v1/queues/{run}/claims"); WORKERS];
-        rates.push(burn_down_http(base, &paths, 100, total).await);
-    }
-    eprintln!(
-        "  direct {:.0}, pooled {:.0}, direct {:.0} children/s",
-        rates[0], rates[1], rates[2]
-    );
     scenarios.push(
-        Scenario::new("burn_down_http.queue_parents.through_pgbouncer", "children/s", rates[1])
+        Scenario::new("burn_down_http.queue_parents.through_pgbouncer", "children/s", rates.0)
             .against(
                 "burn_down_http.queue_parents, direct (mean of before and after)",
-                (rates[0] + rates[2]) / 2.0,
+                rates.1,
             )
             .target(">= 0.7"),
     );
@@ -896,6 +793,33 @@ async fn through_pgbouncer(admin_url: &str, sizes: &Sizes) -> Vec<Scenario> {
     drop(bouncer);
     db.drop_now().await;
     scenarios
+}
+
+/// The runs of `through_pgbouncer`, in order: a warm-up (the first burn-down
+/// on a fresh database grows the heap and the indexes, see
+/// `burn_down_http.cold_database`), then direct, pooled, direct.
+const RUNS: [&str; 4] = ["warm-up", "direct-1", "pooled", "direct-2"];
+
+/// Burns down each of `RUNS` (`work(run)`: its claim paths and children) on
+/// its service; the pooled rate, and the mean of the two direct ones.
+async fn pooled_against_direct(
+    database_url: &str,
+    direct: &Service,
+    pooled: &Service,
+    work: impl Fn(&str) -> (Vec<String>, u64),
+) -> (f64, f64) {
+    let mut rates = Vec::new();
+    for run in RUNS {
+        let base = if run == "pooled" { &pooled.base } else { &direct.base };
+        let (paths, children) = work(run);
+        settle(database_url).await;
+        rates.push(burn_down_http(base, &paths, 100, children).await);
+    }
+    eprintln!(
+        "  (warm-up {:.0}) direct {:.0}, pooled {:.0}, direct {:.0} children/s",
+        rates[0], rates[1], rates[2], rates[3]
+    );
+    (rates[2], (rates[1] + rates[3]) / 2.0)
 }
 
 async fn settle(database_url: &str) {

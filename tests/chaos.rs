@@ -769,7 +769,7 @@ async fn postgres_through_pgbouncer() {
     if !postgres_available().await {
         return;
     }
-    let Some(bouncer) = common::pgbouncer::PgBouncer::start().await else {
+    let Some(bouncer) = pgbouncer().await else {
         return;
     };
     run_chaos(Backend::Postgres, Some(&bouncer)).await;

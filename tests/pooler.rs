@@ -21,7 +21,7 @@ async fn setup() -> Option<(PgBouncer, String)> {
     if !postgres_available().await {
         return None;
     }
-    let bouncer = PgBouncer::start().await?;
+    let bouncer = pgbouncer().await?;
     Some((bouncer, create_database().await))
 }
 

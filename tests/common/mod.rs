@@ -57,6 +57,36 @@ fn postgres_required() -> bool {
         || std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
+/// A tool a test needs is missing: a failure when the suite must run whole
+/// (`LEDGER_REQUIRE_POSTGRES=1` or `CI=true`), otherwise announced on stderr,
+/// past the test capture, with what is `skipped`; the caller then skips it.
+pub fn missing_tool(message: &str, skipped: &str) {
+    assert!(
+        !postgres_required(),
+        "{message} (required under CI=true or LEDGER_REQUIRE_POSTGRES=1)"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** {message}: {skipped} SKIPPED. Set LEDGER_REQUIRE_POSTGRES=1 to make that a failure. ***\n"
+    );
+}
+
+/// Server connections per database of the tests' PgBouncer: far fewer than
+/// two replicas' 16 clients each, so clients share them.
+pub const PGBOUNCER_SERVER_POOL: u32 = 4;
+
+/// PgBouncer in transaction mode in front of the test Postgres; `None` when
+/// it is missing and nothing requires it (see `missing_tool`).
+pub async fn pgbouncer() -> Option<pgbouncer::PgBouncer> {
+    match pgbouncer::PgBouncer::start(&admin_url(), Some(PGBOUNCER_SERVER_POOL)).await {
+        Ok(bouncer) => Some(bouncer),
+        Err(message) => {
+            missing_tool(&message, "the connection-pooler tests are");
+            None
+        }
+    }
+}
+
 /// Whether the Postgres half of the suite can run. When Postgres is required
 /// (`LEDGER_REQUIRE_POSTGRES=1` or `CI=true`) a missing server fails the test;
 /// otherwise the skip is announced once on stderr, past the test capture.

@@ -1,17 +1,14 @@
-//! A PgBouncer in transaction-pooling mode in front of the test Postgres, on a
-//! free port, with Debian's defaults but for a small server pool: fewer
-//! server connections than the replicas' clients, so clients really share them.
+//! PgBouncer in transaction-pooling mode in front of a Postgres, on a free
+//! port, with Debian's defaults but for the mode (and, for the tests, a small
+//! server pool: fewer server connections than the replicas' clients, so
+//! clients really share them). Shared by the tests (through
+//! `common::pgbouncer()`) and the benchmark (`#[path]`).
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-
-use super::process::free_port;
-
-/// Server connections per database: far fewer than two replicas' 16 clients each.
-pub const SERVER_POOL: u32 = 4;
 
 pub struct PgBouncer {
     pub port: u16,
@@ -39,21 +36,12 @@ fn pgbouncer_binary() -> Option<PathBuf> {
 }
 
 impl PgBouncer {
-    /// Starts PgBouncer in front of the test Postgres (every database on it);
-    /// `None` (announced on stderr) when it is not installed and Postgres is
-    /// not required, a failure when it is.
-    pub async fn start() -> Option<Self> {
-        let Some(binary) = pgbouncer_binary() else {
-            if super::postgres_required() {
-                panic!(
-                    "pgbouncer is required with Postgres (LEDGER_REQUIRE_POSTGRES/CI) but is not installed: \
-                     apt-get install pgbouncer"
-                );
-            }
-            eprintln!("\n*** pgbouncer is not installed: the connection-pooler tests are SKIPPED. ***\n");
-            return None;
-        };
-        let target: url::Url = super::admin_url().parse().expect("a Postgres URL");
+    /// Starts PgBouncer in front of the Postgres server of `postgres_url`
+    /// (every database on it), with `server_pool` server connections per
+    /// database (`None`: PgBouncer's default, 20). `Err` when it is not installed.
+    pub async fn start(postgres_url: &str, server_pool: Option<u32>) -> Result<Self, String> {
+        let binary = pgbouncer_binary().ok_or("pgbouncer is not installed (apt-get install pgbouncer)")?;
+        let target: url::Url = postgres_url.parse().expect("a Postgres URL");
         let host = target.host_str().unwrap_or("127.0.0.1").to_owned();
         let pg_port = target.port().unwrap_or(5432);
         let user = if target.username().is_empty() {
@@ -61,13 +49,18 @@ impl PgBouncer {
         } else {
             target.username()
         };
-        let port = free_port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let dir = std::env::temp_dir().join(format!("child-ledger-pgbouncer-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
+        let pool = server_pool.map_or(String::new(), |n| format!("default_pool_size = {n}\n"));
         let config = format!(
             "[databases]\n* = host={host} port={pg_port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
              unix_socket_dir =\nauth_type = trust\nauth_file = {dir}/userlist.txt\npool_mode = transaction\n\
-             default_pool_size = {SERVER_POOL}\nmax_client_conn = 500\nlogfile = {dir}/pgbouncer.log\n",
+             {pool}max_client_conn = 500\nlogfile = {dir}/pgbouncer.log\n",
             dir = dir.display()
         );
         std::fs::write(dir.join("pgbouncer.ini"), config).unwrap();
@@ -97,12 +90,12 @@ impl PgBouncer {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Some(bouncer)
+        Ok(bouncer)
     }
 
-    /// `direct_url` with its host and port replaced by this PgBouncer's.
-    pub fn url_for(&self, direct_url: &str) -> String {
-        let mut url: url::Url = direct_url.parse().expect("a Postgres URL");
+    /// `url` with its host and port replaced by this PgBouncer's.
+    pub fn url_for(&self, url: &str) -> String {
+        let mut url: url::Url = url.parse().expect("a Postgres URL");
         url.set_host(Some("127.0.0.1")).unwrap();
         url.set_port(Some(self.port)).unwrap();
         url.to_string()
