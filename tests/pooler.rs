@@ -119,11 +119,20 @@ async fn without_a_direct_url_migrations_are_refused_and_long_polls_recheck() {
         .output()
         .unwrap();
     assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    // Both at once: each creates the functions that wrap the hot statements
+    // (see `PgDb::wrap_hot_statements`), and the one that loses goes on.
     let flags = pooled(None, &["--wait-recheck-ms", "1000"]);
     let a = ServiceProcess::start("pooler-recheck-a", &via_pooler, &flags).await;
-    a.ready().await;
     let b = ServiceProcess::start("pooler-recheck-b", &via_pooler, &flags).await;
+    a.ready().await;
     b.ready().await;
+    assert_eq!(
+        db.count_raw("SELECT count(*) FROM pg_proc WHERE proname LIKE 'child\\_ledger\\_stmt\\_%'")
+            .await
+            .unwrap(),
+        4,
+        "the claim and outcome statements are wrapped once"
+    );
     let said = a.log_text().matches("without --listen-database-url").count();
     assert_eq!(said, 1, "the missing LISTEN is said once at startup: {}", a.log_text());
     let (after, body) = woken_after(&a.base, &b.base, "recheck", 15).await;

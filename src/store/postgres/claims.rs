@@ -76,7 +76,7 @@ fn lane_claim(lock: &str) -> String {
 pub static LANE_CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE"));
 
 /// The lane claim that passes a lane another claim holds (see `lane_claim`).
-static LANE_CLAIM_SKIP: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE SKIP LOCKED"));
+pub(super) static LANE_CLAIM_SKIP: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE SKIP LOCKED"));
 
 /// The claimable lanes of a queue in serving order (see `sql::queue_lanes`).
 pub static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes("now()"));
@@ -92,7 +92,7 @@ impl PgStore {
     /// The first `limit` claimable lanes of a queue, in serving order.
     pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
         let rows: Vec<(String, i32, Option<i32>)> = retry_transient!(
-            sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))
+            sqlx::query_as(AssertSqlSafe(self.pool.sql(&QUEUE_LANES)))
                 .bind(queue.as_str())
                 .bind(limit)
                 .fetch_all(&self.pool)
@@ -129,7 +129,7 @@ impl PgStore {
             }
         }
         let rows = retry_transient!(
-            sqlx::query(AssertSqlSafe(sql.as_str()))
+            sqlx::query(AssertSqlSafe(self.pool.sql(sql)))
                 .bind(parent_id.as_str())
                 .bind(total)
                 .bind(&claims)

@@ -87,6 +87,7 @@ impl PgStore {
             pool: PgDb {
                 pool,
                 session: Arc::new(session),
+                wrapped: Arc::default(),
             },
             direct_url: options.direct_url.clone(),
         })
@@ -114,7 +115,7 @@ impl PgStore {
             sqlx::query("SET statement_timeout = 0").execute(&mut conn).await?;
             migrator.run(&mut conn).await?;
             conn.close().await?;
-            return Ok(());
+            return self.wrap_hot_statements().await;
         }
         let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
         let applied: Option<i64> = sqlx::query_scalar(
@@ -134,7 +135,22 @@ impl PgStore {
              `child-ledger migrate --database-url <a URL straight to Postgres>` first",
             applied.unwrap_or(0)
         );
-        Ok(())
+        self.wrap_hot_statements().await
+    }
+
+    /// Through a transaction pooler, the claim and outcome statements run
+    /// as calls of functions whose plans each server connection keeps (see
+    /// `PgDb::wrap_hot_statements`); once the schema they read is current.
+    async fn wrap_hot_statements(&self) -> anyhow::Result<()> {
+        self.pool
+            .wrap_hot_statements(&[
+                claims::LANE_CLAIM.as_str(),
+                claims::LANE_CLAIM_SKIP.as_str(),
+                claims::QUEUE_LANES.as_str(),
+                outcomes::APPLY_OUTCOMES.as_str(),
+            ])
+            .await
+            .context("preparing the claim and outcome statements for the transaction pooler")
     }
 
     pub(super) async fn begin(&self) -> StoreResult<PgTx> {

@@ -52,7 +52,7 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// as an array (the same id for every write) joined on both key columns: a
 /// constant `parent_id` would let a planner whose statistics predate the
 /// parent walk every child of it instead of looking each one up.
-static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
+pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH input AS ( \
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
@@ -107,7 +107,7 @@ impl PgStore {
         }
         let rows = retry_transient!(if by_parent.len() == 1 {
             let (parent_id, writes) = by_parent.iter().next().expect("one parent");
-            apply_in_parent(&self.pool, parent_id, writes).await
+            apply_in_parent(&self.pool, self.pool.sql(&APPLY_OUTCOMES), parent_id, writes).await
         } else {
             self.apply_by_parent(&by_parent).await
         })?;
@@ -126,7 +126,7 @@ impl PgStore {
         let mut tx = self.begin().await?;
         let mut rows = Vec::new();
         for (parent_id, writes) in by_parent {
-            rows.extend(apply_in_parent(&mut *tx, parent_id, writes).await?);
+            rows.extend(apply_in_parent(&mut *tx, self.pool.sql(&APPLY_OUTCOMES), parent_id, writes).await?);
         }
         tx.commit().await?;
         Ok(rows)
@@ -136,9 +136,11 @@ impl PgStore {
 /// A winning write `(parent, Some(sequence))`, or a parent it completed `(parent, None)`.
 type AppliedRow = (String, Option<i64>);
 
-/// Runs `APPLY_OUTCOMES` for the writes of one parent.
+/// Runs `APPLY_OUTCOMES` (`statement`: its text to send, see `PgDb::sql`)
+/// for the writes of one parent.
 async fn apply_in_parent<'e>(
     executor: impl sqlx::Executor<'e, Database = sqlx::Postgres>,
+    statement: &str,
     parent_id: &str,
     writes: &[&OutcomeWrite],
 ) -> StoreResult<Vec<AppliedRow>> {
@@ -148,7 +150,7 @@ async fn apply_in_parent<'e>(
     let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
     let results: Vec<Option<&str>> = writes.iter().map(|w| w.result.as_deref().map(|r| r.get())).collect();
     let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
-    Ok(sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
+    Ok(sqlx::query_as(AssertSqlSafe(statement))
         .bind(&parents)
         .bind(&sequences)
         .bind(&outcomes)

@@ -14,17 +14,23 @@
 //!   statements it prepared (`DEALLOCATE ALL`, in the same message as
 //!   `COMMIT`), so no name is left for another client of that server.
 //!
-//! Each statement outside a transaction costs three round trips more than
+//! Nothing prepared survives a transaction, so every statement would be
+//! parsed and planned on each call: most of what the mode costs. The hot
+//! claim and outcome statements run as calls of PL/pgSQL functions instead,
+//! whose plans each server connection keeps (`wrap_hot_statements`). Each
+//! statement outside a transaction still costs three round trips more than
 //! directly (begin, prepare, commit); the README gives the measured cost.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use either::Either;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
+use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
-use sqlx::{Execute, Executor, PgPool, Postgres, SqlStr};
+use sqlx::{AssertSqlSafe, Column, Execute, Executor, PgPool, Postgres, SqlSafeStr, SqlStr, TypeInfo};
 
 use super::held::Held;
 
@@ -72,9 +78,90 @@ impl Session {
 pub(crate) struct PgDb {
     pub(super) pool: PgPool,
     pub(super) session: Arc<Session>,
+    /// Through a transaction pooler, once the schema is current: the hot
+    /// statements' calls of their wrapping functions, by statement text (see
+    /// `wrap_hot_statements`).
+    pub(super) wrapped: Arc<OnceLock<HashMap<String, String>>>,
 }
 
 impl PgDb {
+    /// The text to send for `sql`: itself, or through a transaction pooler
+    /// the call of its wrapping function when it is one of the hot statements.
+    pub(super) fn sql<'a>(&'a self, sql: &'a str) -> &'a str {
+        match self.wrapped.get() {
+            Some(wrapped) => wrapped.get(sql).map_or(sql, String::as_str),
+            None => sql,
+        }
+    }
+
+    /// Through a transaction pooler no statement stays prepared, so each
+    /// would be parsed and planned on every call: for the hot statements
+    /// (claims, outcomes) that is most of what the mode costs. Each is wrapped
+    /// in a PL/pgSQL function instead, whose plan every server connection
+    /// caches across transactions and clients (the generic plan, as
+    /// `plan_cache_mode` asks directly); the call is trivial to plan. The
+    /// function is named by a hash of the statement, so replicas of
+    /// different versions each find theirs, and is created once (a replica
+    /// that finds it created by another goes on). Its parameter and column
+    /// types are the statement's own, as Postgres describes it.
+    pub(super) async fn wrap_hot_statements(&self, statements: &[&str]) -> Result<(), sqlx::Error> {
+        let mut wrapped = HashMap::new();
+        for sql in statements {
+            let mut tx = self.begin().await?;
+            let described = tx.describe(AssertSqlSafe(sql.to_string()).into_sql_str()).await?;
+            let parameters: Vec<String> = match described.parameters() {
+                Some(Either::Left(types)) => types.iter().map(|t| t.name().to_owned()).collect(),
+                _ => Vec::new(),
+            };
+            let columns: Vec<(String, String)> = described
+                .columns()
+                .iter()
+                .map(|c| (c.name().to_owned(), c.type_info().name().to_owned()))
+                .collect();
+            let signature = format!(
+                "({parameters}) RETURNS TABLE ({returns})",
+                parameters = parameters.join(", "),
+                returns = (1..=columns.len())
+                    .zip(&columns)
+                    .map(|(i, (_, ty))| format!("out_{i} {ty}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            // Named by the statement and the types it has on this schema: a
+            // migration that changes what it returns makes a new function.
+            let name = format!(
+                "child_ledger_stmt_{}",
+                &hex::encode(Sha256::digest(format!("{sql}\n{signature}").as_bytes()))[..16]
+            );
+            let create = format!(
+                "DO $wrap$ BEGIN \
+                   CREATE FUNCTION {name}{signature} LANGUAGE plpgsql \
+                   SET plan_cache_mode = force_generic_plan AS $body$ \
+                   #variable_conflict use_column \n BEGIN RETURN QUERY {sql}; END $body$; \
+                 EXCEPTION WHEN duplicate_function OR unique_violation THEN NULL; \
+                 END $wrap$"
+            );
+            tx.execute(AssertSqlSafe(create)).await?;
+            tx.commit().await?;
+            let call = format!(
+                "SELECT {columns} FROM {name}({arguments})",
+                columns = (1..=columns.len())
+                    .zip(&columns)
+                    .map(|(i, (column, _))| format!("out_{i} AS \"{}\"", column.replace('"', "\"\"")))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                arguments = (1..=parameters.len())
+                    .zip(&parameters)
+                    .map(|(i, ty)| format!("${i}::{ty}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+            wrapped.insert((*sql).to_owned(), call);
+        }
+        let _ = self.wrapped.set(wrapped);
+        Ok(())
+    }
+
     /// A transaction on a held connection.
     pub(super) async fn begin(&self) -> Result<Held, sqlx::Error> {
         Held::begin(&self.pool, &self.session).await
