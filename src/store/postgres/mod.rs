@@ -49,7 +49,8 @@ impl PgStore {
             // plan is as good as a custom one, and planning the claim's CTEs
             // per call cost about 5% of a burn-down. Prepared once per
             // connection, planned once. (Through a transaction pooler nothing
-            // is prepared for long: the setting would change nothing.)
+            // stays prepared; the functions wrapping the hot statements set it
+            // themselves, see `pooler`.)
             ("plan_cache_mode", "force_generic_plan".to_owned()),
             (
                 "statement_timeout",
