@@ -621,10 +621,20 @@ both_stores!(
 /// at the timeout, and its statement is gone from `pg_stat_activity` soon
 /// after, not left waiting until the lock goes. (Postgres: SQLite's writer
 /// waits for a lock outside any statement; its interrupt is proved in
-/// `store::sqlite::held`.)
-async fn a_timed_out_request_ends_its_statement() {
+/// `store::sqlite::held`.) With `bouncer`, the service reaches Postgres
+/// through PgBouncer in transaction mode: closing its connection to the
+/// pooler mid-statement must end the statement too.
+async fn a_timed_out_request_ends_its_statement(bouncer: Option<&common::pgbouncer::PgBouncer>) {
     let db = TestDatabase::new(Backend::Postgres).await;
-    let service = ServiceProcess::start("hostile-timeout", &db.url, &["--request-timeout-seconds", "1"]).await;
+    let mut flags = vec!["--request-timeout-seconds", "1"];
+    let service_url = match bouncer {
+        Some(bouncer) => {
+            flags.extend(["--db-pooler", "transaction", "--listen-database-url", &db.url]);
+            bouncer.url_for(&db.url)
+        }
+        None => db.url.clone(),
+    };
+    let service = ServiceProcess::start("hostile-timeout", &service_url, &flags).await;
     service.ready().await;
     let client = reqwest::Client::new();
     let r = client
@@ -679,7 +689,9 @@ async fn a_timed_out_request_ends_its_statement() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     println!(
-        "a reconcile blocked on a lock was answered 503 after {answered:?} (timeout 1 s); its statement was gone {gone:?} later"
+        "{}a reconcile blocked on a lock was answered 503 after {answered:?} (timeout 1 s); its statement was gone \
+         {gone:?} later",
+        if bouncer.is_some() { "through pgbouncer: " } else { "" }
     );
     assert!(gone <= Duration::from_secs(2), "{gone:?}");
 
@@ -699,7 +711,17 @@ mod timeouts {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_timed_out_request_ends_its_statement() {
         if super::common::postgres_available().await {
-            super::a_timed_out_request_ends_its_statement().await
+            super::a_timed_out_request_ends_its_statement(None).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_timed_out_request_ends_its_statement_through_pgbouncer() {
+        if !super::common::postgres_available().await {
+            return;
+        }
+        if let Some(bouncer) = super::common::pgbouncer().await {
+            super::a_timed_out_request_ends_its_statement(Some(&bouncer)).await
         }
     }
 }
