@@ -15,6 +15,7 @@ mod outcomes;
 mod parents;
 mod queues;
 mod reconcile;
+mod registration;
 mod starting;
 pub mod validate;
 pub mod whole;

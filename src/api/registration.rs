@@ -1,0 +1,202 @@
+//! What a registration, an append and a seal carry, and how each is checked
+//! into what the store writes: every field named in its 4xx, nothing written.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use utoipa::ToSchema;
+
+use super::validate::{ChildChecker, ChildList, child_count, in_range, null_payload, raw_json_within};
+use super::whole;
+use crate::config::Limits;
+use crate::error::{ApiError, ApiResult};
+use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
+use crate::ledger::{ExpiredLease, NewChild, ParentId, QueueName, Registration};
+
+/// A parent registration: the full child list, written before anything is dispatched.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"queue": "events", "children": [
+    {"key": "evt-1", "payload": {"event_id": "evt-1", "ts": "2026-11-29T10:00:00Z"}},
+    {"key": "evt-2", "payload": {"event_id": "evt-2"}, "skip": "invalid timestamp"}
+]}))]
+pub struct RegisterParent {
+    /// Queue for queue-wide claims; default `"default"`.
+    #[schema(example = "events")]
+    queue: Option<QueueName>,
+    /// Retained parent payload (e.g. the remote response a legacy parent still needs decomposed).
+    #[schema(value_type = Option<Value>)]
+    payload: Option<Box<RawValue>>,
+    /// The children; `children[i]` gets `sequence = i`. At most 100,000 (configurable)
+    /// per request: use append + seal beyond that.
+    #[serde(default)]
+    #[schema(value_type = Vec<ChildSpec>)]
+    children: ChildList<ChildSpec>,
+    /// `true` (default): the list is complete, and rows and the decomposed mark are
+    /// written in one transaction. `false`: the parent stays `decomposing` until sealed.
+    decomposed: Option<bool>,
+    /// When a child whose lease expired has been claimed this many times, it
+    /// becomes `failed` (`attempts exhausted`). `null`: unlimited.
+    #[schema(minimum = 1, maximum = 2147483647)]
+    #[serde(default, deserialize_with = "whole::option")]
+    max_attempts: Option<i32>,
+    /// What an expired lease does: `retry` (default) or `hold`.
+    expired_lease: Option<ExpiredLease>,
+    /// Queue claims serve strictly higher priorities first; default 0.
+    #[schema(minimum = -100, maximum = 100)]
+    #[serde(default, deserialize_with = "whole::option")]
+    priority: Option<i32>,
+    /// Where to `POST` the `parent.completed` event when the parent completes
+    /// (signed, Standard Webhooks); its host must be in `--webhook-allow-hosts`.
+    #[schema(example = "https://hooks.example.com/ledger", max_length = 2048)]
+    webhook_url: Option<String>,
+}
+
+/// One child of a registration.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChildSpec {
+    /// The work item, any JSON.
+    #[schema(value_type = Option<Value>)]
+    payload: Option<Box<RawValue>>,
+    /// Optional client identity (e.g. an event id), unique within the parent.
+    #[schema(min_length = 1)]
+    key: Option<String>,
+    /// Store the child as `skipped` with this reason: invalid input is recorded
+    /// and counted, never dropped.
+    #[schema(min_length = 1)]
+    skip: Option<String>,
+}
+
+/// One child of an append, with its explicit sequence.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendChild {
+    #[schema(minimum = 0)]
+    #[serde(deserialize_with = "whole::required")]
+    sequence: i64,
+    #[schema(value_type = Option<Value>)]
+    payload: Option<Box<RawValue>>,
+    #[schema(min_length = 1)]
+    key: Option<String>,
+    #[schema(min_length = 1)]
+    skip: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendChildren {
+    /// At least one child; at most 100,000 (configurable) per request.
+    #[schema(min_items = 1, value_type = Vec<AppendChild>)]
+    children: ChildList<AppendChild>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SealParent {
+    /// Exactly sequences `0..total-1` must exist.
+    #[schema(minimum = 0, maximum = 4611686018427387903_i64)]
+    #[serde(deserialize_with = "whole::required")]
+    pub(super) total: i64,
+}
+
+impl RegisterParent {
+    /// The checked registration of `parent_id`, with its fingerprint.
+    pub(super) fn into_registration(self, parent_id: ParentId, limits: &Limits) -> ApiResult<Registration> {
+        child_count("children", self.children.0.len(), limits.max_children_per_request)?;
+        if let Some(max) = self.max_attempts {
+            in_range("max_attempts", max, 1, i32::MAX)?;
+        }
+        let priority = self.priority.unwrap_or(0);
+        in_range("priority", priority, -100, 100)?;
+        if let Some(url) = &self.webhook_url {
+            if url.len() > 2048 {
+                return Err(ApiError::invalid("webhook_url", "longer than 2048 bytes"));
+            }
+            limits
+                .webhook_allow_hosts
+                .check(url)
+                .map_err(|why| ApiError::invalid("webhook_url", why))?;
+        }
+        // Kept as the text sent; parsed once, only to fingerprint it as before.
+        let parsed_payload: Option<Value> = match &self.payload {
+            Some(payload) => {
+                raw_json_within("payload", payload, limits.max_payload_bytes)?;
+                Some(serde_json::from_str(payload.get()).map_err(|e| ApiError::invalid("payload", e.to_string()))?)
+            }
+            None => None,
+        };
+        let mut checker = ChildChecker::new(limits.max_payload_bytes);
+        let children = self
+            .children
+            .0
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
+            .collect::<ApiResult<Vec<_>>>()?;
+        let queue = self.queue.unwrap_or_default();
+        let decomposed = self.decomposed.unwrap_or(true);
+        let expired_lease = self.expired_lease.unwrap_or_default();
+        let fingerprint = fingerprint(&RegistrationContent {
+            queue: queue.as_str(),
+            payload: parsed_payload.as_ref(),
+            decomposed,
+            max_attempts: self.max_attempts,
+            expired_lease,
+            priority,
+            webhook_url: self.webhook_url.as_deref(),
+            children: &children,
+        });
+        Ok(Registration {
+            parent_id,
+            queue,
+            payload: self.payload,
+            decomposed,
+            max_attempts: self.max_attempts,
+            expired_lease,
+            priority,
+            webhook_url: self.webhook_url,
+            children,
+            fingerprint,
+        })
+    }
+}
+
+impl AppendChildren {
+    /// The checked children of an append; a sequence repeated with the same
+    /// content is one child, with other content a 409.
+    pub(super) fn into_children(self, limits: &Limits) -> ApiResult<Vec<NewChild>> {
+        child_count("children", self.children.0.len(), limits.max_children_per_request)?;
+        if self.children.0.is_empty() {
+            return Err(ApiError::invalid("children", "must hold at least one child"));
+        }
+        let mut checker = ChildChecker::new(limits.max_payload_bytes);
+        let mut sequences = HashMap::new();
+        let mut children = Vec::with_capacity(self.children.0.len());
+        for (i, c) in self.children.0.into_iter().enumerate() {
+            let field = format!("children[{i}]");
+            if c.sequence < 0 {
+                return Err(ApiError::invalid(format!("{field}.sequence"), "must be non-negative"));
+            }
+            if let Some(&first) = sequences.get(&c.sequence) {
+                // A repeat is a retried page: the same child again is written once,
+                // different content conflicts exactly as it would with a stored child.
+                let repeat = NewChild {
+                    sequence: c.sequence,
+                    key: c.key,
+                    payload: c.payload.unwrap_or_else(null_payload),
+                    skip: c.skip,
+                };
+                if repeat.same_content(&children[first]) {
+                    continue;
+                }
+                return Err(ApiError::repeated_sequence_differs(&field, c.sequence));
+            }
+            sequences.insert(c.sequence, children.len());
+            children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip)?);
+        }
+        Ok(children)
+    }
+}
