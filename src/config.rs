@@ -9,8 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::access::Role;
 use crate::ledger::webhook::{AllowHosts, RetrySchedule, WebhookSecret};
 
-/// The longest long poll a claim may ask for (`wait_seconds`), by the contract.
-pub const MAX_WAIT_SECONDS: u64 = 20;
+pub use crate::limits::{Limits, MAX_WAIT_SECONDS};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -239,113 +238,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// Request limits, enforced at the edge with a 4xx naming the field.
-#[derive(Debug, Clone, Parser)]
-pub struct Limits {
-    /// Largest request body in bytes (413 beyond).
-    #[arg(long, env = "LEDGER_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024, global = true)]
-    pub max_body_bytes: usize,
-    /// Most children in one registration or append (use append + seal beyond).
-    #[arg(
-        long,
-        env = "LEDGER_MAX_CHILDREN_PER_REQUEST",
-        default_value_t = 100_000,
-        global = true
-    )]
-    pub max_children_per_request: usize,
-    /// Largest claim `limit`.
-    #[arg(long, env = "LEDGER_MAX_CLAIM_LIMIT", default_value_t = 1000, global = true)]
-    pub max_claim_limit: i64,
-    /// Lease given when a claim names none.
-    #[arg(long, env = "LEDGER_DEFAULT_LEASE_SECONDS", default_value_t = 300, global = true)]
-    pub default_lease_seconds: i64,
-    /// Longest lease a claim or extend may ask for.
-    #[arg(long, env = "LEDGER_MAX_LEASE_SECONDS", default_value_t = 86_400, global = true)]
-    pub max_lease_seconds: i64,
-    /// Most outcomes in one batch.
-    #[arg(long, env = "LEDGER_MAX_OUTCOMES_PER_REQUEST", default_value_t = 1000, global = true)]
-    pub max_outcomes_per_request: usize,
-    /// Longest a claim's long poll is held, whatever its `wait_seconds` (0-20)
-    /// asks: below 20 when a proxy in front cuts idle requests sooner.
-    #[arg(long, env = "LEDGER_MAX_WAIT_SECONDS", default_value_t = MAX_WAIT_SECONDS, value_parser = clap::value_parser!(u64).range(0..=MAX_WAIT_SECONDS), global = true)]
-    pub max_wait_seconds: u64,
-    /// How often a waiting claim looks again on its own, in case a work
-    /// notification was missed (a replica's `LISTEN` reconnecting).
-    #[arg(long, env = "LEDGER_WAIT_RECHECK_MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..), global = true)]
-    pub wait_recheck_ms: u64,
-    /// Largest child payload (and retained parent payload), in bytes of JSON.
-    #[arg(long, env = "LEDGER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024, global = true)]
-    pub max_payload_bytes: usize,
-    /// Most queue label values in the metrics; later queues count as `other`.
-    #[arg(long, env = "LEDGER_MAX_METRIC_QUEUES", default_value_t = crate::metrics::DEFAULT_MAX_QUEUES, global = true)]
-    pub max_metric_queues: usize,
-    /// Most registrations, appends and outcome batches over 1 MiB read and
-    /// handled at once; more wait their turn (within the request timeout).
-    #[arg(long, env = "LEDGER_MAX_BULK_BODIES", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..), global = true)]
-    pub max_bulk_bodies: u64,
-    /// Most long-poll claims waiting at once in this process; beyond, 429 with Retry-After.
-    #[arg(long, env = "LEDGER_MAX_WAITING_CLAIMS", default_value_t = 1000, global = true)]
-    pub max_waiting_claims: usize,
-    /// Largest outcome `result`, in bytes of JSON.
-    #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024, global = true)]
-    pub max_result_bytes: usize,
-    /// Largest claim or page of children, in bytes of JSON: a response holds
-    /// fewer children rather than exceed it (`next_after` goes on from there).
-    #[arg(long, env = "LEDGER_MAX_RESPONSE_BYTES", default_value_t = 16 * 1024 * 1024, global = true)]
-    pub max_response_bytes: usize,
-    /// Hosts a parent's `webhook_url` may name, comma-separated: `host`,
-    /// `host:port` or `*.domain`. Default none: a `webhook_url` is refused.
-    #[arg(long, env = "LEDGER_WEBHOOK_ALLOW_HOSTS", default_value = "", value_parser = parse_allow_hosts, global = true)]
-    pub webhook_allow_hosts: AllowHosts,
-}
-
-fn parse_allow_hosts(list: &str) -> Result<AllowHosts, String> {
-    Ok(AllowHosts::parse(list))
-}
-
-impl Limits {
-    /// Whether the limits agree: the largest child must fit in a response, or
-    /// a claim or page could never hand it out.
-    pub fn check(&self) -> anyhow::Result<()> {
-        let room = crate::ledger::budget::PAGE_CHILD_ROOM;
-        let largest = self.max_payload_bytes + self.max_result_bytes + room;
-        anyhow::ensure!(
-            self.max_response_bytes >= largest,
-            "--max-response-bytes {} is below the largest child a response may hold ({largest}: \
-             --max-payload-bytes + --max-result-bytes + {room}); raise it or lower those",
-            self.max_response_bytes
-        );
-        Ok(())
-    }
-
-    /// A fresh byte budget for one claim or page.
-    pub fn response_budget(&self) -> crate::ledger::budget::ByteBudget {
-        crate::ledger::budget::ByteBudget::new(self.max_response_bytes as u64, self.max_payload_bytes as u64)
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 64 * 1024 * 1024,
-            max_children_per_request: 100_000,
-            max_claim_limit: 1000,
-            default_lease_seconds: 300,
-            max_lease_seconds: 86_400,
-            max_outcomes_per_request: 1000,
-            max_payload_bytes: 1024 * 1024,
-            max_result_bytes: 64 * 1024,
-            max_response_bytes: 16 * 1024 * 1024,
-            max_metric_queues: crate::metrics::DEFAULT_MAX_QUEUES,
-            max_waiting_claims: 1000,
-            max_bulk_bodies: 4,
-            max_wait_seconds: MAX_WAIT_SECONDS,
-            wait_recheck_ms: 2000,
-            webhook_allow_hosts: AllowHosts::default(),
-        }
-    }
-}
-
 /// The completion webhook sender (README, "Webhooks").
 #[derive(Debug, Clone, Parser)]
 pub struct WebhookConfig {
@@ -364,6 +256,20 @@ pub struct WebhookConfig {
     /// Longest one delivery attempt may take; its lease is twice that.
     #[arg(long, env = "LEDGER_WEBHOOK_TIMEOUT_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(100..), hide = true, global = true)]
     pub webhook_timeout_ms: u64,
+}
+
+impl WebhookConfig {
+    /// The sender these flags ask for; `None` without a secret (no event can
+    /// be signed, so none is sent: they wait in the outbox).
+    pub fn sender(&self, allow: &AllowHosts) -> Option<crate::jobs::WebhookSender> {
+        Some(crate::jobs::WebhookSender {
+            secret: self.webhook_secret.clone()?,
+            allow: allow.clone(),
+            schedule: self.webhook_retry_schedule_ms.clone().unwrap_or_default(),
+            poll: Duration::from_millis(self.webhook_poll_ms),
+            timeout: Duration::from_millis(self.webhook_timeout_ms),
+        })
+    }
 }
 
 fn parse_secret(secret: &str) -> Result<WebhookSecret, String> {

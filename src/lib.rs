@@ -11,8 +11,10 @@ pub mod config;
 pub mod error;
 pub mod jobs;
 pub mod ledger;
+pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod startup;
 mod state;
 pub mod store;
 pub mod waiters;
@@ -20,23 +22,17 @@ pub mod waiters;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{HeaderName, Request};
+use axum::http::Request;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-pub use jobs::{listen_for_work, prune_complete_parents, reap_expired_leases};
 pub use state::AppState;
 
-/// The header that carries a request's id: taken from the caller when sent,
-/// generated (a UUID) otherwise, echoed on the response and on every log line.
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub use api::REQUEST_ID;
 
-/// The whole service as a router: shared by `main` and the tests.
-pub fn app(state: AppState) -> Router {
-    app_with_timeout(state, Duration::from_secs(60))
-}
-
-pub fn app_with_timeout(state: AppState, request_timeout: Duration) -> Router {
+/// The whole service as a router, each request answered within
+/// `request_timeout` (`startup` serves it, in `main` and in the tests).
+pub fn app(state: AppState, request_timeout: Duration) -> Router {
     let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
         let id = request
             .extensions()

@@ -3,37 +3,10 @@
 use std::sync::Arc;
 
 use crate::access::Access;
-use crate::config::Limits;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::waiters::{Waiters, Work};
-
-/// A `NOTIFY` payload: which replica found which work.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct WorkNotice {
-    #[serde(rename = "r")]
-    pub replica: u64,
-    #[serde(flatten)]
-    pub work: Work,
-}
-
-impl WorkNotice {
-    pub fn to_payload(&self) -> String {
-        serde_json::to_string(self).expect("a work notice serializes")
-    }
-
-    /// The notice in a payload; `None` for one this build cannot read (an
-    /// older replica's empty payload), which should wake every waiter.
-    pub fn from_payload(payload: &str) -> Option<Self> {
-        serde_json::from_str(payload).ok()
-    }
-}
-
-/// A random id for this process, told apart from other replicas by it.
-fn rand_replica() -> u64 {
-    let uuid = uuid::Uuid::new_v4().as_u64_pair();
-    uuid.0 ^ uuid.1
-}
+use crate::waiters::Waiters;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -43,12 +16,11 @@ pub struct AppState {
     /// Who may call what: open, or the tokens file as last read.
     pub access: Arc<Access>,
     /// Long-polling claims in this process, woken when work becomes claimable
-    /// (a registration, seal, release, retry or expired lease, here or,
-    /// through Postgres `NOTIFY`, on another replica): as many as there is
-    /// work for.
+    /// (the store says so after a registration, seal, release, retry, resume
+    /// or expired lease here; `jobs::listen_for_work` when another replica's
+    /// `NOTIFY` says so): as many as there is work for.
     pub waiters: Arc<Waiters>,
-    /// This process among the replicas: its own notifications are not
-    /// answered twice.
+    /// This process among the replicas (the store's id of it).
     pub replica: u64,
     pub metrics: Arc<Metrics>,
     /// Turns for bulk bodies over 1 MiB being read and handled at once
@@ -61,40 +33,27 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state of a service over `store`; the store's work signals wake
+    /// this state's waiting claims.
     pub fn new(store: Store, limits: Limits) -> Self {
         let metrics = Arc::new(Metrics::with_max_queues(limits.max_metric_queues));
         let bulk_bodies = Arc::new(tokio::sync::Semaphore::new(limits.max_bulk_bodies.max(1) as usize));
+        let waiters: Arc<Waiters> = Arc::default();
+        let woken = Arc::clone(&waiters);
+        store.on_work(move |work| {
+            woken.wake(work);
+        });
         Self {
+            replica: store.replica(),
             store,
             limits: Arc::new(limits),
             access: Arc::new(Access::open()),
-            waiters: Arc::default(),
-            replica: rand_replica(),
+            waiters,
             metrics,
             waiting_claims: Arc::default(),
             bulk_bodies,
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
-    }
-
-    /// Work became claimable: wake as many of this process's waiting claims
-    /// as it covers now and, with one `NOTIFY` (never one per child), as many
-    /// of every other replica's.
-    pub fn signal_work(&self, work: Work) {
-        if work.children == 0 {
-            return;
-        }
-        self.waiters.wake(&work);
-        let store = self.store.clone();
-        let notice = WorkNotice {
-            replica: self.replica,
-            work,
-        };
-        tokio::spawn(async move {
-            if let Err(err) = store.notify_work(&notice.to_payload()).await {
-                tracing::debug!(error = %err, "work notification not sent; other replicas recheck on their own");
-            }
-        });
     }
 
     /// The same service, with these access rules.

@@ -43,8 +43,9 @@ async fn hundred_thousand_children(backend: Backend) {
 
     if backend == Backend::Postgres {
         // The planner must pick the partial pending index for the lane claim
-        // straight after the bulk insert, planned with real values as the
-        // service plans it (never a cached generic plan).
+        // straight after the bulk insert. Planned here with real values: the
+        // service forces generic plans (`plan_cache_mode`), which the
+        // statement is written to make the same plan, one index per part.
         let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "PREPARE lane_claim (text, bigint, uuid[], text[], float8[]) AS {}",

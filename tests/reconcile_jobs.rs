@@ -378,7 +378,77 @@ async fn job_failing_every_step_is_marked_failed(backend: Backend) {
     assert_eq!(failed["checked"], 0, "{failed}");
 }
 
+/// A replica stopped by SIGTERM finishes the step in hand and gives its job
+/// back: the next replica takes it on at once, not once its lease (here a
+/// minute) has run out.
+async fn job_is_given_back_at_sigterm(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let args = ["--reconcile-job-batch", "5", "--reconcile-job-lease-seconds", "60"];
+    let mut first = start(&db, "given-back-1", &args).await;
+    let client = reqwest::Client::new();
+    register_many(&client, &first.base, "g", "events", RESUME_PARENTS).await;
+    let raw = db.store().await;
+    raw.execute_raw("UPDATE parent SET total = 7").await.unwrap();
+
+    let job = start_job(&client, &first.base, json!({"dry_run": false})).await;
+    let job_id = job["job_id"].as_str().unwrap().to_owned();
+    let started = Instant::now();
+    while get_job(&client, &first.base, &job_id).await["checked"]
+        .as_u64()
+        .unwrap()
+        < 10
+    {
+        assert!(started.elapsed() < Duration::from_secs(60), "the job never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let status = first.terminate(Duration::from_secs(30)).await;
+    assert!(
+        status.success(),
+        "exit after SIGTERM: {status}; log:\n{}",
+        first.log_text()
+    );
+    let checked_at_stop = raw.count_raw("SELECT checked FROM reconcile_job").await.unwrap();
+    assert!(
+        checked_at_stop < RESUME_PARENTS as i64,
+        "stopped mid-way: {checked_at_stop} checked"
+    );
+    assert_eq!(
+        raw.count_raw("SELECT count(*) FROM reconcile_job WHERE lease_owner IS NULL AND lease_expires_at IS NULL")
+            .await
+            .unwrap(),
+        1,
+        "the job's lease is given back; log:\n{}",
+        first.log_text()
+    );
+
+    let second = start(&db, "given-back-2", &args).await;
+    let stopped = Instant::now();
+    loop {
+        let checked = get_job(&client, &second.base, &job_id).await["checked"]
+            .as_i64()
+            .unwrap();
+        if checked > checked_at_stop {
+            break;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "the next replica has not taken the job on: {checked} checked; log:\n{}",
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "stopped at {checked_at_stop} of {RESUME_PARENTS} checked; the next replica went on after {:?}",
+        stopped.elapsed()
+    );
+    let done = until_finished(&client, &second, &job_id).await;
+    assert_eq!(done["state"], "done", "{}", done["error"]);
+    assert_eq!(done["checked"], RESUME_PARENTS, "every parent counted once");
+    assert_eq!(done["repaired"], RESUME_PARENTS, "every parent repaired once");
+}
+
 both_stores!(
+    job_is_given_back_at_sigterm,
     job_failing_every_step_is_marked_failed,
     paged_sweep_visits_every_parent_once,
     bad_input_is_refused_and_writes_nothing,

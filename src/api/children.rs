@@ -15,7 +15,6 @@ use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, ChildState, ParentId, QueueName};
 use crate::state::AppState;
 use crate::store::ChildFilter;
-use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -233,8 +232,5 @@ async fn retry_child(
     let parent_id = parent_id_param(&parent_id)?;
     let sequence = sequence_param(&sequence)?;
     let child = state.store.retry(&parent_id, sequence).await?;
-    if let Some(queue) = state.store.queue_of(&parent_id).await? {
-        state.signal_work(Work::of_parent(queue, parent_id, 1));
-    }
     Ok(Json(child))
 }

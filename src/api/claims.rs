@@ -18,9 +18,9 @@ use super::extract::{AppJson, claim_id_param, parent_id_param, queue_param};
 use super::guard::Caller;
 use super::validate::{MAX_WORKER_CHARS, in_range, max_chars};
 use super::whole;
-use crate::config::{Limits, MAX_WAIT_SECONDS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::limits::{Limits, MAX_WAIT_SECONDS};
 use crate::state::AppState;
 use crate::store::{ChildRef, StoreError};
 use crate::waiters::Waiting;
@@ -197,8 +197,11 @@ async fn claim_from_parent(
 
 /// Claim a leased chunk from any active parent of a queue.
 ///
-/// Parents are drawn oldest first, each lowest sequence first. See the
-/// per-parent claim for the lease rules.
+/// Higher priorities are served first; within a priority, the parent served
+/// least recently comes first (never served counts as least recent, ties go
+/// to the oldest), and a short claim is filled from the next parents in that
+/// order. Within a parent, lowest sequence first. See the per-parent claim
+/// for the lease rules.
 #[utoipa::path(
     post,
     path = "/v1/queues/{queue}/claims",
@@ -364,12 +367,9 @@ async fn release_claim(
     if !caller.reaches_claim(&state, claim_id).await? {
         return Ok(Json(Released { released: 0 }));
     }
-    let (released, work) = state
+    let released = state
         .store
         .release(claim_id, children.as_deref(), delay_seconds)
         .await?;
-    if let Some(work) = work {
-        state.signal_work(work);
-    }
     Ok(Json(Released { released }))
 }

@@ -27,58 +27,103 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let content_type = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body_limit = req.extensions().get::<super::guard::BodyLimit>().copied();
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::BodyTooLarge {
-                    limit: body_limit.map_or(state.limits.max_body_bytes, |l| l.0),
-                }
-            } else {
-                ApiError::MalformedJson {
-                    detail: format!("could not read the request body: {rejection}"),
-                }
-            }
-        })?;
-        if !bytes.iter().all(u8::is_ascii_whitespace) {
-            match content_type.as_deref() {
-                Some(ct) if is_json(ct) => {}
-                Some(ct) => {
-                    return Err(ApiError::UnsupportedMediaType(format!(
-                        "expected content-type application/json, got {ct:?}"
-                    )));
-                }
-                None => {
-                    return Err(ApiError::UnsupportedMediaType(
-                        "expected content-type application/json, got none".to_owned(),
-                    ));
-                }
-            }
-        }
-        let max_children = state.limits.max_children_per_request;
-        if bytes.len() <= DECODE_INLINE_BYTES {
-            return decode(&bytes, max_children).map(AppJson);
-        }
-        tokio::task::spawn_blocking(move || decode(&bytes, max_children))
-            .await
-            .map_err(|err| ApiError::Internal(anyhow::anyhow!("decoding a request body: {err}")))?
-            .map(AppJson)
+        decoded(req, state, |_: &mut T, _, _| Ok(())).await.map(AppJson)
     }
 }
 
-/// A request body as `T`: an empty body reads as `{}`; at most
-/// `max_children` children are read; only a JSON object, without U+0000.
-fn decode<T: DeserializeOwned>(bytes: &[u8], max_children: usize) -> Result<T, ApiError> {
-    let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+/// A body holding a list of children (a registration, an append), whose
+/// children are built once the rest is decoded, no more of them than a
+/// request may hold (`validate::ChildList::read`).
+pub trait Bulk: DeserializeOwned + Send + 'static {
+    /// Builds the children from `body`, the JSON text this was decoded from.
+    fn read_children(&mut self, body: &[u8], max: usize) -> Result<(), ApiError>;
+}
+
+/// A `Bulk` body, read like `AppJson`'s: the whole of it on a blocking
+/// thread when it is big.
+pub struct BulkJson<T>(pub T);
+
+impl<T: Bulk> FromRequest<AppState> for BulkJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        decoded(req, state, |body: &mut T, text, max| body.read_children(text, max))
+            .await
+            .map(BulkJson)
+    }
+}
+
+/// A request's JSON body as `T`, then `finish`ed from the same text with the
+/// most children a request may hold: inline when small, else on a blocking
+/// thread.
+async fn decoded<T>(
+    req: Request,
+    state: &AppState,
+    finish: fn(&mut T, &[u8], usize) -> Result<(), ApiError>,
+) -> Result<T, ApiError>
+where
+    T: DeserializeOwned + Send + 'static,
+{
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body_limit = req.extensions().get::<super::guard::BodyLimit>().copied();
+    let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge {
+                limit: body_limit.map_or(state.limits.max_body_bytes, |l| l.0),
+            }
+        } else {
+            ApiError::MalformedJson {
+                detail: format!("could not read the request body: {rejection}"),
+            }
+        }
+    })?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        match content_type.as_deref() {
+            Some(ct) if is_json(ct) => {}
+            Some(ct) => {
+                return Err(ApiError::UnsupportedMediaType(format!(
+                    "expected content-type application/json, got {ct:?}"
+                )));
+            }
+            None => {
+                return Err(ApiError::UnsupportedMediaType(
+                    "expected content-type application/json, got none".to_owned(),
+                ));
+            }
+        }
+    }
+    let max_children = state.limits.max_children_per_request;
+    let decode = move |bytes: &[u8]| {
+        let mut body = decode::<T>(bytes)?;
+        finish(&mut body, as_object(bytes), max_children)?;
+        Ok(body)
+    };
+    if bytes.len() <= DECODE_INLINE_BYTES {
+        return decode(&bytes);
+    }
+    tokio::task::spawn_blocking(move || decode(&bytes))
+        .await
+        .map_err(|err| ApiError::Internal(anyhow::anyhow!("decoding a request body: {err}")))?
+}
+
+/// The JSON text of a body: an empty one reads as `{}`.
+fn as_object(bytes: &[u8]) -> &[u8] {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         bytes
-    };
-    let value = super::validate::with_child_limit(max_children, || parse_json(body))?;
+    }
+}
+
+/// A request body as `T`: an empty body reads as `{}`; only a JSON object,
+/// without U+0000.
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let body = as_object(bytes);
+    let value = parse_json(body)?;
     // Serde also reads a struct from a JSON array of its members in order;
     // the contract's bodies are objects, so nothing else is accepted.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -147,21 +192,25 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let field = err.path().to_string();
-        let inner = err.into_inner();
-        match inner.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => ApiError::MalformedJson {
-                detail: format!("the body is not valid JSON: {inner}"),
-            },
-            _ => {
-                let detail = inner.to_string();
-                ApiError::invalid(body_field(field, &detail), detail)
-            }
-        }
+        json_error(field, err.into_inner())
     })?;
     de.end().map_err(|err| ApiError::MalformedJson {
         detail: format!("the body is not valid JSON: {err}"),
     })?;
     Ok(value)
+}
+
+/// A body that does not read as JSON, or not as what the field at `path` holds.
+pub(super) fn json_error(path: String, err: serde_json::Error) -> ApiError {
+    match err.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => ApiError::MalformedJson {
+            detail: format!("the body is not valid JSON: {err}"),
+        },
+        _ => {
+            let detail = err.to_string();
+            ApiError::invalid(body_field(path, &detail), detail)
+        }
+    }
 }
 
 /// The JSON path to name for a body error: the path to the value at fault,

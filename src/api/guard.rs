@@ -2,9 +2,12 @@
 //! its bearer token (when the service has tokens), the token's role must grant
 //! what the route needs, a write must say it is JSON (a browser form cannot),
 //! and a parent or queue named in the path must be in the token's queues.
-//! One table, `needed_role`, says what each route needs; the OpenAPI document
-//! is written from the same table.
+//! One table, `rule`, says what each operation needs; the OpenAPI document
+//! is written from the same table. Access is denied by default: an
+//! operation the table does not name is refused, and a service with such an
+//! operation does not start (`check_rules`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
@@ -18,10 +21,27 @@ use crate::error::{ApiError, ApiResult};
 use crate::ledger::ParentId;
 use crate::state::AppState;
 
-/// The role an operation needs, by method and route template; `None` for the
-/// probes, which stay open, and for a method the route does not have (axum
-/// answers it 405). Every write is named here: a test walks the OpenAPI
-/// document so that no operation is left out.
+/// Who may call an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Anyone: the probes, which orchestrators call without a token.
+    Open,
+    /// A token whose role grants this one.
+    Needs(Role),
+}
+
+/// The rule of an operation, by method and route template; `None` when the
+/// table does not name it. Such an operation is refused, and `check_rules`
+/// keeps a service that has one from starting.
+pub fn rule(method: &Method, route: &str) -> Option<Rule> {
+    needed_role(method, route).map_or_else(
+        || matches!(route, "/healthz" | "/readyz").then_some(Rule::Open),
+        |role| Some(Rule::Needs(role)),
+    )
+}
+
+/// The role an operation needs, by method and route template (`None`: the
+/// probes, or no rule at all; see `rule`).
 pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
     match (method.as_str(), route) {
         (_, "/healthz" | "/readyz") => None,
@@ -108,16 +128,79 @@ fn forbidden(grant: &Grant, needed: Role, doing: &str) -> ApiError {
     ))
 }
 
+/// The operations a router serves, by method and route template: what the
+/// guard refuses when the table has no rule for it.
+#[derive(Debug, Default)]
+pub struct Operations(HashSet<(Method, String)>);
+
+impl Operations {
+    /// The operations of a document built from the routes.
+    pub fn of(api: &utoipa::openapi::OpenApi) -> Self {
+        let mut operations = HashSet::new();
+        for (path, item) in &api.paths.paths {
+            let methods = [
+                (Method::GET, item.get.is_some()),
+                (Method::PUT, item.put.is_some()),
+                (Method::POST, item.post.is_some()),
+                (Method::DELETE, item.delete.is_some()),
+                (Method::PATCH, item.patch.is_some()),
+            ];
+            for (method, present) in methods {
+                if present {
+                    operations.insert((method, path.clone()));
+                }
+            }
+        }
+        Self(operations)
+    }
+
+    fn contains(&self, method: &Method, route: &str) -> bool {
+        let method = if method == Method::HEAD { &Method::GET } else { method };
+        self.0.contains(&(method.clone(), route.to_owned()))
+    }
+}
+
+/// Every operation of the document has a rule; else what to add, for the
+/// service to refuse to start with.
+pub fn check_rules(api: &utoipa::openapi::OpenApi) -> anyhow::Result<()> {
+    let mut missing: Vec<String> = Operations::of(api)
+        .0
+        .into_iter()
+        .filter(|(method, route)| rule(method, route).is_none())
+        .map(|(method, route)| format!("{method} {route}"))
+        .collect();
+    missing.sort();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "operations without an access rule (add each to api::guard::needed_role): {}",
+        missing.join(", ")
+    );
+    Ok(())
+}
+
 /// The guard, as a route layer: it runs once the route is known.
 pub async fn guard(
-    State(state): State<AppState>,
+    State((state, operations)): State<(AppState, Arc<Operations>)>,
     matched: MatchedPath,
     params: RawPathParams,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(needed) = needed_role(request.method(), matched.as_str()) else {
-        return next.run(request).await;
+    let needed = match rule(request.method(), matched.as_str()) {
+        Some(Rule::Open) => return next.run(request).await,
+        Some(Rule::Needs(role)) => role,
+        // Denied by default: an operation with no rule is nobody's.
+        None if operations.contains(request.method(), matched.as_str()) => {
+            state.metrics.auth_failure("forbidden");
+            return ApiError::Forbidden(format!(
+                "{} {} has no access rule: no token may call it",
+                request.method(),
+                matched.as_str()
+            ))
+            .into_response();
+        }
+        // Not a method of this route: nothing runs, and axum answers 405.
+        None => return next.run(request).await,
     };
     match admit(&state, needed, &params, request.method(), request.headers()).await {
         Ok(grant) => {
@@ -270,6 +353,21 @@ mod tests {
             Some(Role::Admin)
         );
         assert_eq!(needed_role(&Method::PUT, "/metrics"), None, "not a route: 405");
+    }
+
+    #[test]
+    fn every_operation_has_a_rule() {
+        check_rules(&crate::api::openapi()).unwrap();
+        let mut api = crate::api::openapi();
+        api.paths.paths.insert(
+            "/v1/unguarded".to_owned(),
+            utoipa::openapi::path::PathItem::new(
+                utoipa::openapi::HttpMethod::Post,
+                utoipa::openapi::path::Operation::new(),
+            ),
+        );
+        let refused = check_rules(&api).unwrap_err().to_string();
+        assert!(refused.contains("POST /v1/unguarded"), "{refused}");
     }
 
     #[test]

@@ -31,10 +31,14 @@ use tower_http::timeout::TimeoutLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::config::Limits;
 use crate::error::ApiError;
+use crate::limits::Limits;
 use crate::state::AppState;
 pub use starting::until_ready;
+
+/// The header that carries a request's id: taken from the caller when sent,
+/// generated (a UUID) otherwise, echoed on the response and on every log line.
+pub const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_static("x-request-id");
 
 /// All routes with their OpenAPI description, before state is attached.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -58,9 +62,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// rejections come out as problem+json too.
 pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
     let (router, api) = routes().split_for_parts();
+    guard::check_rules(&api).expect("every operation has an access rule");
+    let operations = std::sync::Arc::new(guard::Operations::of(&api));
     let api = openapi::complete(api, &state.limits);
     router
-        .route_layer(middleware::from_fn_with_state(state.clone(), guard::guard))
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), operations),
+            guard::guard,
+        ))
         .route_layer(middleware::from_fn(etag::etag))
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .merge(dashboard::router())

@@ -12,8 +12,8 @@ use axum::http::Method;
 
 use super::guard::needed_role;
 use super::validate::{MAX_KEY_CHARS, MAX_REASON_CHARS, MAX_WORKER_CHARS};
-use crate::config::{Limits, MAX_WAIT_SECONDS};
 use crate::error::Problem;
+use crate::limits::{Limits, MAX_WAIT_SECONDS};
 
 #[derive(OpenApi)]
 #[openapi(

@@ -17,9 +17,9 @@ use super::guard::Caller;
 use super::validate::{MAX_REASON_CHARS, max_chars, raw_json_within};
 use super::whole;
 use crate::access::Role;
-use crate::config::Limits;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
+use crate::limits::Limits;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{AppJson, AppQuery, parent_id_param};
+use super::extract::{AppJson, AppQuery, BulkJson, parent_id_param};
 use super::guard::Caller;
 use super::registration::{AppendChildren, RegisterParent, SealParent};
 use super::validate::{in_range, page_limit};
@@ -19,7 +19,6 @@ use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Appended, Parent, ParentId, ParentState, QueueName};
 use crate::state::AppState;
 use crate::store::{ParentFilter, ParentHas};
-use crate::waiters::Work;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -51,7 +50,7 @@ async fn register_parent(
     State(state): State<AppState>,
     caller: Caller,
     Path(parent_id): Path<String>,
-    AppJson(body): AppJson<RegisterParent>,
+    BulkJson(body): BulkJson<RegisterParent>,
 ) -> ApiResult<impl IntoResponse> {
     let registration = body.into_registration(parent_id_param(&parent_id)?, &state.limits)?;
     if !caller.0.reaches(registration.queue.as_str()) {
@@ -61,9 +60,6 @@ async fn register_parent(
         )));
     }
     let (created, parent) = state.store.register(&registration).await?;
-    if created {
-        state.signal_work(Work::of_registered(&parent));
-    }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(parent)))
 }
@@ -220,7 +216,7 @@ async fn list_parents(
 async fn append_children(
     State(state): State<AppState>,
     Path(parent_id): Path<String>,
-    AppJson(body): AppJson<AppendChildren>,
+    BulkJson(body): BulkJson<AppendChildren>,
 ) -> ApiResult<Json<Appended>> {
     let parent_id = parent_id_param(&parent_id)?;
     let children = body.into_children(&state.limits)?;
@@ -252,7 +248,6 @@ async fn seal_parent(
     let parent_id = parent_id_param(&parent_id)?;
     let total = in_range("total", body.total, 0, i64::MAX / 2)?;
     let parent = state.store.seal(&parent_id, total).await?;
-    state.signal_work(Work::of_registered(&parent));
     Ok(Json(parent))
 }
 

@@ -119,14 +119,6 @@ async fn resume_queue(
     _body: AppJson<QueueChange>,
 ) -> ApiResult<Json<QueuePause>> {
     let queue = queue_param(&queue)?;
-    if state.store.set_paused(&queue, false).await? {
-        let pending = state
-            .store
-            .queues(Some(&queue), &crate::access::QueueScope::every())
-            .await?
-            .first()
-            .map_or(0, |q| q.children.pending);
-        state.signal_work(crate::waiters::Work::in_queue(queue.clone(), pending.max(0) as u64));
-    }
+    state.store.set_paused(&queue, false).await?;
     Ok(Json(QueuePause { queue, paused: false }))
 }

@@ -10,10 +10,10 @@ use utoipa::ToSchema;
 
 use super::validate::{ChildChecker, ChildList, child_count, in_range, null_payload, raw_json_within};
 use super::whole;
-use crate::config::Limits;
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
 use crate::ledger::{ExpiredLease, NewChild, ParentId, QueueName, Registration};
+use crate::limits::Limits;
 
 /// A parent registration: the full child list, written before anything is dispatched.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -102,10 +102,22 @@ pub struct SealParent {
     pub(super) total: i64,
 }
 
+impl super::extract::Bulk for RegisterParent {
+    fn read_children(&mut self, body: &[u8], max: usize) -> ApiResult<()> {
+        self.children.read(body, "children", max)
+    }
+}
+
+impl super::extract::Bulk for AppendChildren {
+    fn read_children(&mut self, body: &[u8], max: usize) -> ApiResult<()> {
+        self.children.read(body, "children", max)
+    }
+}
+
 impl RegisterParent {
     /// The checked registration of `parent_id`, with its fingerprint.
     pub(super) fn into_registration(self, parent_id: ParentId, limits: &Limits) -> ApiResult<Registration> {
-        child_count("children", self.children.0.len(), limits.max_children_per_request)?;
+        child_count("children", self.children.items.len(), limits.max_children_per_request)?;
         if let Some(max) = self.max_attempts {
             in_range("max_attempts", max, 1, i32::MAX)?;
         }
@@ -131,7 +143,7 @@ impl RegisterParent {
         let mut checker = ChildChecker::new(limits.max_payload_bytes);
         let children = self
             .children
-            .0
+            .items
             .into_iter()
             .enumerate()
             .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
@@ -168,14 +180,14 @@ impl AppendChildren {
     /// The checked children of an append; a sequence repeated with the same
     /// content is one child, with other content a 409.
     pub(super) fn into_children(self, limits: &Limits) -> ApiResult<Vec<NewChild>> {
-        child_count("children", self.children.0.len(), limits.max_children_per_request)?;
-        if self.children.0.is_empty() {
+        child_count("children", self.children.items.len(), limits.max_children_per_request)?;
+        if self.children.items.is_empty() {
             return Err(ApiError::invalid("children", "must hold at least one child"));
         }
         let mut checker = ChildChecker::new(limits.max_payload_bytes);
         let mut sequences = HashMap::new();
-        let mut children = Vec::with_capacity(self.children.0.len());
-        for (i, c) in self.children.0.into_iter().enumerate() {
+        let mut children = Vec::with_capacity(self.children.items.len());
+        for (i, c) in self.children.items.into_iter().enumerate() {
             let field = format!("children[{i}]");
             if c.sequence < 0 {
                 return Err(ApiError::invalid(format!("{field}.sequence"), "must be non-negative"));

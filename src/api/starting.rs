@@ -11,8 +11,8 @@ use axum::{Json, Router};
 use tower::ServiceExt;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
+use super::REQUEST_ID;
 use super::ops::Health;
-use crate::REQUEST_ID;
 use crate::error::ApiError;
 
 /// Serves `ready` once it is set, and the starting answers until then.

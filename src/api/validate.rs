@@ -105,60 +105,120 @@ pub fn null_payload() -> Box<RawValue> {
     serde_json::value::to_raw_value(&Value::Null).expect("null is JSON")
 }
 
-/// At most `max` children in one request.
-/// A request's list of children, read no further than one past the most a
-/// request may hold (`--max-children-per-request`), so a body that claims
-/// millions is refused after reading the allowed number, not after building
-/// them all. The bound is the reading thread's, set by `with_child_limit`
-/// around the (synchronous) parse.
+/// A request's list of children. The body's first reading only checks that
+/// the list is JSON and builds nothing; `read` then builds the children from
+/// the body again with the request's bound (`--max-children-per-request`), so
+/// a body that claims millions is refused after reading the allowed number,
+/// not after building them all, and holds no copy of its text.
 #[derive(Debug)]
-pub struct ChildList<T>(pub Vec<T>);
-
-thread_local! {
-    static CHILD_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
-}
-
-/// Runs `parse` with children lists bounded to `max` items.
-pub fn with_child_limit<R>(max: usize, parse: impl FnOnce() -> R) -> R {
-    let before = CHILD_LIMIT.replace(max);
-    let parsed = parse();
-    CHILD_LIMIT.set(before);
-    parsed
-}
-
-impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ChildList<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Bounded<T>(std::marker::PhantomData<T>);
-        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Bounded<T> {
-            type Value = Vec<T>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of children")
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-                let max = CHILD_LIMIT.get();
-                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max).min(4096));
-                while let Some(item) = seq.next_element()? {
-                    if items.len() == max {
-                        return Err(serde::de::Error::custom(format!(
-                            "more than {max} children in one request (use append + seal beyond that)"
-                        )));
-                    }
-                    items.push(item);
-                }
-                Ok(items)
-            }
-        }
-        deserializer
-            .deserialize_seq(Bounded(std::marker::PhantomData))
-            .map(ChildList)
-    }
+pub struct ChildList<T> {
+    pub items: Vec<T>,
 }
 
 impl<T> Default for ChildList<T> {
     fn default() -> Self {
-        Self(Vec::new())
+        Self { items: Vec::new() }
+    }
+}
+
+impl<'de, T> serde::Deserialize<'de> for ChildList<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <serde::de::IgnoredAny as serde::Deserialize>::deserialize(deserializer)?;
+        Ok(Self::default())
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> ChildList<T> {
+    /// Builds the children of member `field` of the JSON object `body`, at
+    /// most `max` of them.
+    pub fn read(&mut self, body: &[u8], field: &'static str, max: usize) -> ApiResult<()> {
+        let mut json = serde_json::Deserializer::from_slice(body);
+        let mut track = serde_path_to_error::Track::new();
+        let seed = Member::<T> {
+            field,
+            max,
+            items: std::marker::PhantomData,
+        };
+        let read = serde::de::DeserializeSeed::deserialize(
+            seed,
+            serde_path_to_error::Deserializer::new(&mut json, &mut track),
+        );
+        self.items = read.map_err(|err| super::extract::json_error(track.path().to_string(), err))?;
+        Ok(())
+    }
+}
+
+/// The children of one member of a JSON object; the other members skipped.
+struct Member<T> {
+    field: &'static str,
+    max: usize,
+    items: std::marker::PhantomData<T>,
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::DeserializeSeed<'de> for Member<T> {
+    type Value = Vec<T>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Vec<T>, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Member<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Vec<T>, A::Error> {
+        let mut items = Vec::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == self.field {
+                items = map.next_value_seed(Bounded {
+                    max: self.max,
+                    items: std::marker::PhantomData,
+                })?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// Reads an array of children, refusing it past `max` items.
+struct Bounded<T> {
+    max: usize,
+    items: std::marker::PhantomData<T>,
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::DeserializeSeed<'de> for Bounded<T> {
+    type Value = Vec<T>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Vec<T>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Bounded<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of children")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let max = self.max;
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max).min(4096));
+        while let Some(item) = seq.next_element()? {
+            if items.len() == max {
+                return Err(serde::de::Error::custom(format!(
+                    "more than {max} children in one request (use append + seal beyond that)"
+                )));
+            }
+            items.push(item);
+        }
+        Ok(items)
     }
 }
 

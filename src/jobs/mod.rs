@@ -11,3 +11,17 @@ pub use reaper::reap_expired_leases;
 pub use reconcile_jobs::{ReconcileJobOptions, work_reconcile_jobs};
 pub use webhooks::{WebhookSender, send_webhooks};
 pub use work_listener::listen_for_work;
+
+use std::time::Duration;
+
+use crate::state::AppState;
+
+/// Waits `duration`, or less when the service starts stopping; whether it
+/// is stopping (the loop then ends, having finished its last step).
+pub(crate) async fn rest(state: &AppState, duration: Duration) -> bool {
+    let mut stopping = state.shutdown.subscribe();
+    tokio::select! {
+        () = tokio::time::sleep(duration) => state.is_shutting_down(),
+        _ = stopping.wait_for(|stopping| *stopping) => true,
+    }
+}

@@ -20,12 +20,12 @@ const PACE: u32 = 9;
 /// `Store::prune`), so the pruner never holds a lock a claim or an outcome
 /// waits for. Replicas may all run it: a parent is deleted once.
 pub async fn prune_complete_parents(state: AppState, retain: Duration, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
         if let Err(err) = prune_round(&state, retain).await {
             tracing::warn!(error = %err, "pruning failed; retrying next tick");
+        }
+        if super::rest(&state, interval).await {
+            return;
         }
     }
 }
@@ -35,6 +35,10 @@ async fn prune_round(state: &AppState, retain: Duration) -> crate::store::StoreR
         let parents = state.store.prunable(retain, ROUND).await?;
         let mut pruned = 0;
         for parent_id in &parents {
+            // Each parent is deleted whole or left for the next round.
+            if state.is_shutting_down() {
+                return Ok(());
+            }
             pruned += u64::from(state.store.prune(parent_id, PACE).await?);
         }
         if pruned > 0 {

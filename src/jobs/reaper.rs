@@ -3,22 +3,14 @@
 use std::time::Duration;
 
 use crate::state::AppState;
-use crate::waiters::Work;
 
-/// Sweeps expired leases every `interval` until the process ends, waking
-/// long-polling claimers when children became claimable again.
+/// Sweeps expired leases every `interval` until the process ends (the store
+/// wakes the claims waiting for what came back).
 pub async fn reap_expired_leases(state: AppState, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
+    while !super::rest(&state, interval).await {
         match state.store.expire_leases(None).await {
             Ok(0) => {}
-            Ok(moved) => {
-                tracing::info!(moved, "expired leases swept");
-                // Some went to held or failed: a few waiters may look for nothing.
-                state.signal_work(Work::anywhere(moved));
-            }
+            Ok(moved) => tracing::info!(moved, "expired leases swept"),
             Err(err) => tracing::warn!(error = %err, "lease sweep failed; retrying next tick"),
         }
     }

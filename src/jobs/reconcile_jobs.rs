@@ -23,28 +23,47 @@ pub struct ReconcileJobOptions {
 /// How long a failed step waits before the job is tried again.
 const RETRY_FAILED_STEP: Duration = Duration::from_secs(2);
 
-/// Takes and works reconcile jobs until the process ends.
+/// Takes and works reconcile jobs until the service stops.
 pub async fn work_reconcile_jobs(state: AppState, options: ReconcileJobOptions) {
     let owner = format!("{:016x}", state.replica);
-    loop {
+    while !state.is_shutting_down() {
         match state.store.take_reconcile_job(&owner, options.lease).await {
-            Ok(Some(mut job)) => work(&state.store, &mut job, &owner, options).await,
-            Ok(None) => tokio::time::sleep(options.idle).await,
+            Ok(Some(mut job)) => work(&state, &mut job, &owner, options).await,
+            Ok(None) => {
+                if super::rest(&state, options.idle).await {
+                    return;
+                }
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot look for reconcile jobs; retrying");
-                tokio::time::sleep(options.idle).await;
+                if super::rest(&state, options.idle).await {
+                    return;
+                }
             }
         }
     }
 }
 
-/// Works one job a step at a time until it is done, fails a step, or is
-/// another replica's.
-async fn work(store: &Store, job: &mut JobLease, owner: &str, options: ReconcileJobOptions) {
+/// Works one job a step at a time until it is done, fails a step, is
+/// another replica's, or the service stops: then the step in hand finishes
+/// and the lease is given back, for another replica to take the job on at
+/// once from that step.
+async fn work(state: &AppState, job: &mut JobLease, owner: &str, options: ReconcileJobOptions) {
+    let store: &Store = &state.store;
     let job_id = job.job_id();
     tracing::info!(%job_id, "reconcile job taken");
     loop {
         match store.reconcile_job_step(job, owner, options.lease, options.batch).await {
+            Ok(JobStep::Continue) if state.is_shutting_down() => {
+                match store.release_reconcile_job(job_id, owner).await {
+                    Ok(true) => tracing::info!(%job_id, "stopping: reconcile job given back"),
+                    Ok(false) => {}
+                    Err(err) => {
+                        tracing::warn!(%job_id, error = %err, "stopping: reconcile job not given back; its lease will run out")
+                    }
+                }
+                return;
+            }
             Ok(JobStep::Continue) => {}
             Ok(JobStep::Done) => {
                 tracing::info!(%job_id, "reconcile job done");

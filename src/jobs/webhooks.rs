@@ -12,7 +12,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use crate::config::WebhookConfig;
 use crate::ledger::webhook::{AllowHosts, RetrySchedule, WebhookSecret};
 use crate::state::AppState;
 use crate::store::{AttemptOutcome, DueEvent};
@@ -33,20 +32,6 @@ pub struct WebhookSender {
     pub timeout: Duration,
 }
 
-impl WebhookSender {
-    /// The sender the configuration asks for; `None` without a secret (no
-    /// event can be signed, so none is sent: they wait in the outbox).
-    pub fn from_config(config: &WebhookConfig, allow: &AllowHosts) -> Option<Self> {
-        Some(Self {
-            secret: config.webhook_secret.clone()?,
-            allow: allow.clone(),
-            schedule: config.webhook_retry_schedule_ms.clone().unwrap_or_default(),
-            poll: Duration::from_millis(config.webhook_poll_ms),
-            timeout: Duration::from_millis(config.webhook_timeout_ms),
-        })
-    }
-}
-
 /// Delivers due events until the process ends: at once when this process
 /// completes a parent, and every `poll` for other replicas' and retries.
 pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
@@ -58,7 +43,8 @@ pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
     let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector);
     let me = format!("{:016x}", state.replica);
     let lease = sender.timeout * 2;
-    loop {
+    // A round's attempts all finish (each within the timeout) before it stops.
+    while !state.is_shutting_down() {
         let mut full = false;
         match state.store.claim_webhooks(BATCH, lease).await {
             Ok(events) => {
@@ -75,9 +61,11 @@ pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
             Err(err) => tracing::debug!(error = %err, "webhook backlog not counted"),
         }
         if !full {
+            let mut stopping = state.shutdown.subscribe();
             tokio::select! {
                 () = state.store.webhook_due() => {}
                 () = tokio::time::sleep(sender.poll) => {}
+                _ = stopping.wait_for(|stopping| *stopping) => {}
             }
         }
     }

@@ -2,33 +2,37 @@
 
 use std::time::Duration;
 
-use crate::state::{AppState, WorkNotice};
-use crate::waiters::Work;
+use crate::ledger::Work;
+use crate::state::AppState;
 
 /// Listens for other replicas' work notifications (Postgres `LISTEN`) and
 /// reconnects with backoff when the database goes away. Returns at once on
 /// SQLite, where every claim is in this process.
 pub async fn listen_for_work(state: AppState) {
     let mut delay = Duration::from_millis(250);
+    let mut stopping = state.shutdown.subscribe();
     loop {
-        match state.store.listen_for_work().await {
+        let listening = tokio::select! {
+            listening = state.store.listen_for_work() => listening,
+            _ = stopping.wait_for(|stopping| *stopping) => return,
+        };
+        match listening {
             Ok(None) => return,
             Ok(Some(mut listener)) => {
                 delay = Duration::from_millis(250);
                 // A (re)connection may have missed notifications: look again.
                 state.waiters.wake(&Work::unknown());
                 loop {
-                    match listener.recv().await {
-                        Ok(payload) => match WorkNotice::from_payload(&payload) {
-                            // This process woke its own waiters when it sent it.
-                            Some(notice) if notice.replica == state.replica => {}
-                            Some(notice) => {
-                                state.waiters.wake(&notice.work);
-                            }
-                            None => {
-                                state.waiters.wake(&Work::unknown());
-                            }
-                        },
+                    let heard = tokio::select! {
+                        heard = listener.recv() => heard,
+                        _ = stopping.wait_for(|stopping| *stopping) => return,
+                    };
+                    match heard {
+                        Ok(Some(work)) => {
+                            state.waiters.wake(&work);
+                        }
+                        // This process woke its own waiters when it sent it.
+                        Ok(None) => {}
                         Err(err) => {
                             tracing::warn!(error = %err, "work notifications interrupted; reconnecting");
                             break;
@@ -38,7 +42,9 @@ pub async fn listen_for_work(state: AppState) {
             }
             Err(err) => tracing::warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "cannot listen for work"),
         }
-        tokio::time::sleep(delay).await;
+        if super::rest(&state, delay).await {
+            return;
+        }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
 }

@@ -6,9 +6,13 @@ pub mod ids;
 pub mod model;
 pub mod outcome;
 pub mod projection;
+pub mod scope;
 pub mod state;
 pub mod webhook;
+pub mod work;
 
 pub use ids::{ParentId, QueueName, idempotency_key};
 pub use model::*;
+pub use scope::QueueScope;
 pub use state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};
+pub use work::Work;

@@ -18,11 +18,13 @@ use std::sync::atomic::Ordering;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::rows::{Lane, LaneAsk, LaneTurn, Leased};
-use super::{ChildRef, Db, Store, StoreError, StoreResult, dispatch};
+use super::backend::{LaneClaimParams, Release};
+use super::error::retry_transient;
+use super::reports::{Lane, LaneAsk, LaneTurn, Leased};
+use super::statement::{Sql, Statement};
+use super::{ChildRef, Store, StoreError, StoreResult};
 use crate::ledger::budget::ByteBudget;
-use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
-use crate::waiters::Work;
+use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName, Work};
 
 /// How many expired leases one sweep statement moves at most.
 const EXPIRE_BATCH: i64 = 5_000;
@@ -30,6 +32,27 @@ const EXPIRE_BATCH: i64 = 5_000;
 /// How many lanes one queue claim visits at most: a claim of 1,000 over
 /// parents of one child each is filled from the first 64 and comes back short.
 const MAX_LANES: i64 = 64;
+
+/// The claimable lanes of queue `$1` in serving order, `$2` at most: higher
+/// priority first, then least recently served, then oldest. The index
+/// predicate is repeated so SQLite uses it too.
+pub(super) static QUEUE_LANES: Sql = Sql::new(|d| {
+    format!(
+        "SELECT parent_id, priority, child_bytes FROM lane \
+         WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) \
+           AND (floor IS NOT NULL OR ready_at <= {now}) \
+           AND NOT EXISTS (SELECT 1 FROM queue_pause WHERE queue = $1) \
+         ORDER BY priority DESC, served, position LIMIT $2",
+        now = d.now
+    )
+});
+
+/// A decomposed parent's largest payload (its lane's `child_bytes`).
+const LANE_CHILD_BYTES: &str = "SELECT child_bytes FROM lane WHERE parent_id = $1";
+
+/// The queues of the parents whose children claim `$1` holds.
+const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM child c JOIN parent p ON p.parent_id = c.parent_id \
+    WHERE c.claim_id = $1 AND c.state = 'in_flight'";
 
 /// A claim, and the queue its children came from (`None` when it is empty).
 #[derive(Debug, Clone)]
@@ -46,7 +69,9 @@ impl Store {
         let mut budget = request.budget;
         let mut leased = self.claim_scope(request, request.limit, &mut budget).await?;
         let short = request.limit - leased.children.len() as i64;
-        if short > 0 && self.expire_leases(Some(&request.scope)).await? > 0 {
+        // The sweep's children go to this claim first; the rest wait for the
+        // next claim or a recheck, as before the sweep.
+        if short > 0 && self.sweep_expired(Some(&request.scope)).await? > 0 {
             leased.merge(self.claim_scope(request, short, &mut budget).await?);
         }
         if let (ClaimScope::Parent(parent_id), true) = (&request.scope, leased.children.is_empty()) {
@@ -92,10 +117,13 @@ impl Store {
         if let Some(bytes) = known {
             return Ok(bytes);
         }
-        let Some(bytes) = dispatch!(self, s => s.lane_child_bytes(parent_id).await)? else {
+        let Some(row) = self
+            .fetch_optional(Statement::new(LANE_CHILD_BYTES).text(parent_id.as_str()))
+            .await?
+        else {
             return Ok(None);
         };
-        let bytes = bytes.map(i64::from);
+        let bytes = row.opt_int32("child_bytes")?.map(i64::from);
         let mut cache = self.child_bytes.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= 100_000 {
             cache.clear();
@@ -121,6 +149,22 @@ impl Store {
         Ok((leased, taken))
     }
 
+    /// The first `limit` claimable lanes of a queue, in serving order.
+    async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
+        let sql = self.sql(&QUEUE_LANES);
+        let rows = retry_transient(|| self.db.fetch(Statement::new(sql).text(queue.as_str()).int(limit))).await?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                Ok(Lane::new(
+                    row.text("parent_id")?,
+                    row.int32("priority")?,
+                    row.opt_int32("child_bytes")?,
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()?)
+    }
+
     /// Up to `limit` children from the lanes of a queue, in serving order.
     async fn claim_queue(
         &self,
@@ -129,7 +173,7 @@ impl Store {
         limit: i64,
         budget: &mut ByteBudget,
     ) -> StoreResult<Leased> {
-        let lanes = dispatch!(self, s => s.queue_lanes(queue, limit.min(MAX_LANES)).await)?;
+        let lanes = self.queue_lanes(queue, limit.min(MAX_LANES)).await?;
         let mut leased = Leased::default();
         // The first lane passed by as busy, waited for before any lower priority.
         let mut busy: Option<&Lane> = None;
@@ -195,13 +239,20 @@ impl Store {
             lease_seconds: request.lease_seconds,
             limit,
         };
-        let store = self.clone();
+        let db = self.db.clone();
         let parent = parent_id.clone();
         let claim = self
             .lane_claims
             .submit(key, ask, move |asks| {
-                let (store, parent) = (store.clone(), parent.clone());
-                async move { dispatch!(store, s => s.claim_lane(&parent, &asks, turn).await) }
+                let (db, parent) = (db.clone(), parent.clone());
+                async move {
+                    db.claim_lane(LaneClaimParams {
+                        parent_id: &parent,
+                        asks: &asks,
+                        turn,
+                    })
+                    .await
+                }
             })
             .await?;
         Ok((claim.leased, claim.taken))
@@ -210,51 +261,59 @@ impl Store {
     /// The queues of the parents whose children a claim holds (in practice
     /// one: a claim is made on one parent or one queue).
     pub async fn queues_of_claim(&self, claim_id: Uuid) -> StoreResult<Vec<QueueName>> {
-        let queues = dispatch!(self, s => s.queues_of_claim(claim_id).await)?;
-        Ok(queues.into_iter().map(QueueName::from_ledger).collect())
+        let rows = self.db.fetch(Statement::new(CLAIM_QUEUES).uuid(claim_id)).await?;
+        Ok(rows
+            .iter()
+            .map(|row| row.text("queue").map(QueueName::from_ledger))
+            .collect::<Result<_, _>>()?)
     }
 
     /// Extends every live lease of a claim. Returns how many and the new expiry.
     pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
-        dispatch!(self, s => s.extend(claim_id, lease_seconds).await)
+        let extended = self.db.extend(claim_id, lease_seconds).await?;
+        Ok((extended.extended, extended.lease_expires_at))
     }
 
-    /// Returns a claim's children (all, or the named ones) to `pending`.
-    /// Returns children a claim holds to pending. Returns how many, and the
-    /// work that makes claimable (`None` when nothing was released).
-    pub async fn release(
-        &self,
-        claim_id: Uuid,
-        children: Option<&[ChildRef]>,
-        delay_seconds: i64,
-    ) -> StoreResult<(u64, Option<Work>)> {
-        let by_parent = dispatch!(self, s => s.release(claim_id, children, delay_seconds).await)?;
+    /// Returns children a claim holds (all, or the named ones) to pending,
+    /// not claimable for `delay_seconds`. Returns how many.
+    pub async fn release(&self, claim_id: Uuid, children: Option<&[ChildRef]>, delay_seconds: i64) -> StoreResult<u64> {
+        let by_parent = self
+            .db
+            .release(Release {
+                claim_id,
+                children,
+                delay_seconds,
+            })
+            .await?;
         let released = by_parent.iter().map(|(_, n)| n).sum();
         // A claim is made on one parent or one queue: its children share a queue.
         let work = match by_parent.as_slice() {
             [] => None,
-            [(parent_id, n)] => {
-                let parent_id = ParentId::from_ledger(parent_id.clone());
-                self.queue_of(&parent_id)
-                    .await?
-                    .map(|queue| Work::of_parent(queue, parent_id, *n))
-            }
+            [(parent_id, n)] => self
+                .queue_of(parent_id)
+                .await?
+                .map(|queue| Work::of_parent(queue, parent_id.clone(), *n)),
             [(parent_id, _), ..] => self
-                .queue_of(&ParentId::from_ledger(parent_id.clone()))
+                .queue_of(parent_id)
                 .await?
                 .map(|queue| Work::in_queue(queue, released)),
         };
-        Ok((released, work))
+        if let Some(work) = work {
+            self.signal_work(work);
+        }
+        Ok(released)
     }
 
     /// Returns a `held` child to `pending`; one already pending is returned as is.
     pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<Child> {
-        let (retried, child) = dispatch!(self, s => s.retry(parent_id, sequence).await)?;
-        let child = child.ok_or_else(|| StoreError::ChildNotFound {
-            parent_id: parent_id.clone(),
-            sequence,
-        })?;
-        if retried || child.state == ChildState::Pending {
+        let retried = self.db.retry_held(parent_id, sequence).await?;
+        let child = self.child(parent_id, sequence).await?;
+        if retried {
+            if let Some(queue) = self.queue_of(parent_id).await? {
+                self.signal_work(Work::of_parent(queue, parent_id.clone(), 1));
+            }
+            Ok(child)
+        } else if child.state == ChildState::Pending {
             Ok(child)
         } else {
             Err(StoreError::RetryConflict { child: Box::new(child) })
@@ -262,16 +321,25 @@ impl Store {
     }
 
     /// Moves children whose lease ran out to `pending`, `held` (hold policy) or
-    /// `failed` (attempts exhausted), in `scope` or everywhere. Returns how many.
+    /// `failed` (attempts exhausted), in `scope` or everywhere, and wakes the
+    /// claims waiting for them. Returns how many.
     pub async fn expire_leases(&self, scope: Option<&ClaimScope>) -> StoreResult<u64> {
+        let moved = self.sweep_expired(scope).await?;
+        // Some went to held or failed: a few waiters may look for nothing.
+        self.signal_work(Work::anywhere(moved));
+        Ok(moved)
+    }
+
+    /// `expire_leases` without the wake-up: for a claim that takes what it swept.
+    async fn sweep_expired(&self, scope: Option<&ClaimScope>) -> StoreResult<u64> {
         let mut moved = 0;
         loop {
-            let (batch, completed) = dispatch!(self, s => s.expire_leases(scope, EXPIRE_BATCH).await)?;
-            self.completed(&completed);
-            moved += batch;
-            if batch < EXPIRE_BATCH as u64 {
+            let expired = self.db.expire_leases(scope, EXPIRE_BATCH).await?;
+            self.completed(&expired.completed);
+            moved += expired.moved;
+            if expired.moved < EXPIRE_BATCH as u64 {
                 if moved > 0 {
-                    self.expired_total.fetch_add(moved, Ordering::Relaxed);
+                    self.signals.expired_total.fetch_add(moved, Ordering::Relaxed);
                 }
                 return Ok(moved);
             }

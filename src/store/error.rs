@@ -177,20 +177,23 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
     }
 }
 
-/// Runs a transaction body again when Postgres aborted it as a deadlock
-/// victim or serialization failure: such an abort wrote nothing.
-macro_rules! retry_transient {
-    ($body:expr) => {{
-        let mut tries = 0;
-        loop {
-            match $body {
-                Err(err) if tries < 5 && $crate::store::StoreError::is_transient(&err) => tries += 1,
-                other => break other,
-            }
+/// Runs a body again when Postgres aborted it as a deadlock victim or
+/// serialization failure: such an abort wrote nothing.
+/// `body` makes the attempt's future (a closure over references, returning
+/// an `async move` block).
+pub(crate) async fn retry_transient<T, F, Fut>(mut body: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<T>>,
+{
+    let mut tries = 0;
+    loop {
+        match body().await {
+            Err(err) if tries < 5 && err.is_transient() => tries += 1,
+            other => return other,
         }
-    }};
+    }
 }
-pub(crate) use retry_transient;
 
 /// Errors a lost database or connection reports, for the tests of every layer.
 #[cfg(test)]

@@ -1,183 +1,124 @@
-//! Cancel, pause and retention: the SQL both dialects write the same, and
-//! the steps stamped into each backend for its own transaction and clock.
+//! Pause and retention: queues paused in the database (so every replica's
+//! claims see it at once), and complete parents deleted in bounded batches.
 
-/// A cancel's parent row: `$2` children skipped, of which `$3` were in
-/// flight and `$4` held (counted as outcomes count them), sealed at what it
-/// holds and complete. Returns whether this statement completed it. `now` is
-/// the dialect's clock.
-pub(crate) fn cancel_parent(now: &str) -> String {
+use super::statement::{Sql, Statement};
+use super::{Store, StoreError, StoreResult};
+use crate::ledger::{ParentId, QueueName, QueueScope, Work};
+
+/// Children a pruner's transaction deletes at most.
+const PRUNE_BATCH: i64 = 5_000;
+
+static PAUSE_QUEUE: Sql = Sql::new(|d| {
     format!(
-        "UPDATE parent SET skipped = skipped + $2, settled_in_flight = settled_in_flight + $3, \
-             settled_held = settled_held + $4, \
-             last_progress_at = CASE WHEN $2 > 0 THEN {now} ELSE last_progress_at END, \
-             decomposed_at = coalesce(decomposed_at, {now}), completed_at = coalesce(completed_at, {now}) \
-         WHERE parent_id = $1"
+        "INSERT INTO queue_pause (queue, paused_at) VALUES ($1, {}) ON CONFLICT (queue) DO NOTHING",
+        d.now
     )
-}
+});
 
-/// A cancelled parent's lane: nothing left to claim.
-pub(crate) const CLOSE_LANE: &str = "UPDATE lane SET floor = NULL, ready_at = NULL WHERE parent_id = $1";
+const RESUME_QUEUE: &str = "DELETE FROM queue_pause WHERE queue = $1";
 
-/// Whether a parent is complete; no row when it is missing.
-pub(crate) const PARENT_COMPLETE: &str = "SELECT completed_at IS NOT NULL FROM parent WHERE parent_id = $1";
+/// Complete parents whose completion is older than `$1` seconds, oldest
+/// first, `$2` at most (the pruner's next batch).
+static PRUNABLE: Sql = Sql::new(|d| {
+    format!(
+        "SELECT parent_id FROM parent WHERE completed_at IS NOT NULL AND completed_at < {} \
+         ORDER BY completed_at LIMIT $2",
+        (d.ago)("$1")
+    )
+});
 
 /// Deletes up to `$2` children of parent `$1` (the pruner's batch), by key.
-pub(crate) const DELETE_CHILDREN: &str = "DELETE FROM child WHERE parent_id = $1 AND sequence IN ( \
+const DELETE_CHILDREN: &str = "DELETE FROM child WHERE parent_id = $1 AND sequence IN ( \
     SELECT sequence FROM child WHERE parent_id = $1 ORDER BY sequence LIMIT $2)";
 
 /// What goes with a complete parent whose children are gone, before its row
 /// (`DELETE_PARENT`): its lane.
-pub(crate) const DELETE_WITH_PARENT: [&str; 1] = ["DELETE FROM lane WHERE parent_id = $1 \
+const DELETE_LANE: &str = "DELETE FROM lane WHERE parent_id = $1 \
     AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
-    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)"];
-
-/// Deletes a complete parent whose children are gone.
-pub(crate) const DELETE_PARENT: &str = "DELETE FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL \
     AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
 
-/// Complete parents whose completion is older than `$1` seconds, oldest
-/// first, `$2` at most (the pruner's next batch); `ago` is the dialect's
-/// "now minus `$1` seconds".
-pub(crate) fn prunable(ago: &str) -> String {
-    format!(
-        "SELECT parent_id FROM parent WHERE completed_at IS NOT NULL AND completed_at < {ago} \
-         ORDER BY completed_at LIMIT $2"
-    )
-}
+/// Deletes a complete parent whose children are gone.
+const DELETE_PARENT: &str = "DELETE FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL \
+    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
 
-/// Pauses queue `$1`; `now` is the dialect's clock.
-pub(crate) fn pause_queue(now: &str) -> String {
-    format!("INSERT INTO queue_pause (queue, paused_at) VALUES ($1, {now}) ON CONFLICT (queue) DO NOTHING")
-}
-
-pub(crate) const RESUME_QUEUE: &str = "DELETE FROM queue_pause WHERE queue = $1";
-
-/// The parent and lane half of a cancel, in transaction `$tx` with the
-/// dialect's clock `$now` (see `sql::cancel_parent`).
-macro_rules! cancel_steps {
-    ($tx:ty, $now:expr) => {
-        /// Counts a cancel's skipped children on its parent, seals and completes
-        /// it, and closes its lane.
-        pub(in crate::store) async fn close_cancelled(
-            tx: &mut $tx,
-            parent_id: &$crate::ledger::ParentId,
-            (skipped, from_in_flight, from_held): (i64, i64, i64),
-        ) -> $crate::store::StoreResult<()> {
-            static SQL: std::sync::LazyLock<String> =
-                std::sync::LazyLock::new(|| $crate::store::lifecycle::cancel_parent($now));
-            sqlx::query(sqlx::AssertSqlSafe(SQL.as_str()))
-                .bind(parent_id.as_str())
-                .bind(skipped)
-                .bind(from_in_flight)
-                .bind(from_held)
-                .execute(&mut **tx)
-                .await?;
-            sqlx::query($crate::store::lifecycle::CLOSE_LANE)
-                .bind(parent_id.as_str())
-                .execute(&mut **tx)
-                .await?;
-            Ok(())
+impl Store {
+    /// Pauses (or resumes) a queue in the database, so every replica's claims
+    /// see it at once; whether that changed anything. A resume wakes the
+    /// claims waiting for the queue's pending children.
+    pub async fn set_paused(&self, queue: &QueueName, paused: bool) -> StoreResult<bool> {
+        let statement = if paused {
+            Statement::new(self.sql(&PAUSE_QUEUE))
+        } else {
+            Statement::new(RESUME_QUEUE)
+        };
+        let changed = self.db.execute(statement.text(queue.as_str())).await? == 1;
+        if changed && !paused {
+            let pending = self
+                .queues(Some(queue), &QueueScope::every())
+                .await?
+                .first()
+                .map_or(0, |q| q.children.pending);
+            self.signal_work(Work::in_queue(queue.clone(), pending.max(0) as u64));
         }
-    };
-}
-pub(in crate::store) use cancel_steps;
+        Ok(changed)
+    }
 
-/// Pausing queues and deleting complete parents, as `impl` methods of a
-/// backend store with the dialect's clock `$now` and its "`$1` seconds ago" `$ago`.
-macro_rules! lifecycle_steps {
-    ($store:ty, $now:expr, $ago:expr) => {
-        impl $store {
-            /// Pauses or resumes a queue; whether that changed anything.
-            pub async fn set_paused(
-                &self,
-                queue: &$crate::ledger::QueueName,
-                paused: bool,
-            ) -> $crate::store::StoreResult<bool> {
-                static PAUSE: std::sync::LazyLock<String> =
-                    std::sync::LazyLock::new(|| $crate::store::lifecycle::pause_queue($now));
-                let sql = if paused {
-                    PAUSE.as_str()
-                } else {
-                    $crate::store::lifecycle::RESUME_QUEUE
-                };
-                let mut tx = self.begin().await?;
-                let changed = sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(queue.as_str())
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                tx.commit().await?;
-                Ok(changed == 1)
-            }
-
-            /// Complete parents whose completion is older than `age`, oldest first.
-            pub async fn prunable(
-                &self,
-                age: std::time::Duration,
-                limit: i64,
-            ) -> $crate::store::StoreResult<Vec<String>> {
-                static SQL: std::sync::LazyLock<String> =
-                    std::sync::LazyLock::new(|| $crate::store::lifecycle::prunable($ago));
-                let mut conn = self.read().await?;
-                let ids = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
-                    .bind(age.as_secs_f64())
-                    .bind(limit)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                conn.finish().await?;
-                Ok(ids)
-            }
-
-            /// Deletes up to `batch` children of a parent, in a transaction of its own.
-            pub async fn delete_children(
-                &self,
-                parent_id: &$crate::ledger::ParentId,
-                batch: i64,
-            ) -> $crate::store::StoreResult<u64> {
-                let mut tx = self.begin().await?;
-                let deleted = sqlx::query($crate::store::lifecycle::DELETE_CHILDREN)
-                    .bind(parent_id.as_str())
-                    .bind(batch)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                tx.commit().await?;
-                Ok(deleted)
-            }
-
-            /// Deletes a complete parent whose children are gone, with its
-            /// lane; whether it did.
-            pub async fn delete_parent_row(
-                &self,
-                parent_id: &$crate::ledger::ParentId,
-            ) -> $crate::store::StoreResult<bool> {
-                let mut tx = self.begin().await?;
-                for sql in $crate::store::lifecycle::DELETE_WITH_PARENT {
-                    sqlx::query(sql)
-                        .bind(parent_id.as_str())
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                let deleted = sqlx::query($crate::store::lifecycle::DELETE_PARENT)
-                    .bind(parent_id.as_str())
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                tx.commit().await?;
-                Ok(deleted == 1)
-            }
-
-            /// Whether a parent is complete, `None` when it is missing.
-            pub async fn parent_complete(
-                &self,
-                parent_id: &$crate::ledger::ParentId,
-            ) -> $crate::store::StoreResult<Option<bool>> {
-                Ok(sqlx::query_scalar($crate::store::lifecycle::PARENT_COMPLETE)
-                    .bind(parent_id.as_str())
-                    .fetch_optional(&mut *self.read().await?)
-                    .await?)
-            }
+    /// Deletes a complete parent now (`DELETE /v1/parents/{id}`), as the
+    /// pruner does (see `prune`). Whether this call deleted it (a pruner may
+    /// have been first).
+    pub async fn delete_parent(&self, parent_id: &ParentId) -> StoreResult<bool> {
+        match self.parent_complete(parent_id).await? {
+            None => Err(StoreError::ParentNotFound(parent_id.clone())),
+            Some(false) => Err(StoreError::ParentNotComplete(parent_id.clone())),
+            Some(true) => self.prune(parent_id, 0).await,
         }
-    };
+    }
+
+    /// Complete parents whose completion is older than `age`, oldest first:
+    /// the pruner's next batch.
+    pub async fn prunable(&self, age: std::time::Duration, limit: i64) -> StoreResult<Vec<ParentId>> {
+        let rows = self
+            .scan(Statement::new(self.sql(&PRUNABLE)).float(age.as_secs_f64()).int(limit))
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| row.text("parent_id").map(ParentId::from_ledger))
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes a complete parent with its children: the children in batches
+    /// of `PRUNE_BATCH`, each its own transaction, so no lock is held for long
+    /// and nothing a claim needs is touched; the parent row last. Two replicas
+    /// pruning the same parent delete it once. After each batch it rests
+    /// `pace` times as long as the batch took (the background pruner yields
+    /// the database to the work it serves; `0` for an operator's delete).
+    /// Whether this call deleted the parent.
+    pub async fn prune(&self, parent_id: &ParentId, pace: u32) -> StoreResult<bool> {
+        loop {
+            let started = std::time::Instant::now();
+            let deleted = self
+                .db
+                .execute(
+                    Statement::new(DELETE_CHILDREN)
+                        .text(parent_id.as_str())
+                        .int(PRUNE_BATCH),
+                )
+                .await?;
+            if deleted < PRUNE_BATCH as u64 {
+                break;
+            }
+            tokio::time::sleep(started.elapsed() * pace).await;
+        }
+        let mut tx = self.db.begin().await?;
+        tx.execute(Statement::new(DELETE_LANE).text(parent_id.as_str())).await?;
+        let deleted = tx
+            .execute(Statement::new(DELETE_PARENT).text(parent_id.as_str()))
+            .await?;
+        tx.commit().await?;
+        self.child_bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(parent_id);
+        Ok(deleted == 1)
+    }
 }
-pub(in crate::store) use lifecycle_steps;

@@ -5,8 +5,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::rows::Applied;
-use super::{Db, Store, StoreResult, Tx, dispatch, in_tx, retry_transient};
+use super::error::retry_transient;
+use super::reports::Applied;
+use super::{Store, StoreResult};
 use crate::ledger::outcome::{losing_status, rounds};
 use crate::ledger::{OutcomeStatus, OutcomeWrite};
 
@@ -59,7 +60,7 @@ impl Store {
                 .filter(|&i| !won.contains(&(writes[i].parent_id.as_str(), writes[i].sequence)))
                 .collect();
             let losers: Vec<&OutcomeWrite> = lost.iter().map(|&i| &writes[i]).collect();
-            let told = retry_transient!(self.classify_losers(&losers).await)?;
+            let told = retry_transient(|| self.classify_losers(&losers)).await?;
             trying = Vec::new();
             for (i, status) in lost.into_iter().zip(told) {
                 match status {
@@ -87,7 +88,7 @@ impl Store {
             return Ok(Applied::default());
         };
         if writes.iter().any(|w| w.parent_id != first.parent_id) {
-            return dispatch!(self, s => s.apply_outcomes(&writes).await);
+            return self.db.apply_outcomes(&writes).await;
         }
         let store = self.clone();
         let parent_id = first.parent_id.clone();
@@ -114,10 +115,9 @@ impl Store {
                 end += 1;
             }
             let applied = if end - start == 1 {
-                dispatch!(self, s => s.apply_outcomes(&batches[start]).await)?
+                self.db.apply_outcomes(&batches[start]).await?
             } else {
-                let writes = batches[start..end].concat();
-                dispatch!(self, s => s.apply_outcomes(&writes).await)?
+                self.db.apply_outcomes(&batches[start..end].concat()).await?
             };
             let won: HashSet<i64> = applied.won.iter().map(|(_, sequence)| *sequence).collect();
             for (batch, answer) in batches[start..end].iter().zip(&mut answers[start..end]) {
@@ -137,13 +137,13 @@ impl Store {
     /// logging the conflicting ones in the child's conflict log, in one
     /// transaction.
     async fn classify_losers(&self, losers: &[&OutcomeWrite]) -> StoreResult<Vec<Option<OutcomeStatus>>> {
-        let mut tx = self.begin().await?;
-        let facts = in_tx!(&mut tx, outcomes::loser_facts(losers))?;
+        let mut tx = self.db.begin().await?;
+        let facts = tx.loser_facts(losers).await?;
         let mut statuses = Vec::with_capacity(losers.len());
         for (write, facts) in losers.iter().zip(facts) {
             let status = losing_status(facts.parent_decomposed, facts.state, facts.fenced_out, write.outcome);
             if status == Some(OutcomeStatus::Conflict) {
-                in_tx!(&mut tx, outcomes::log_conflict(write))?;
+                tx.log_conflict(write).await?;
             }
             statuses.push(status);
         }

@@ -3,33 +3,34 @@
 //! summed from its parents' projections (migration 0009), so reading a queue
 //! costs the same whether its parents hold a thousand children or a million.
 
-use super::rows::QueueRow;
-use super::{Db, Store, StoreResult, dispatch};
-use crate::access::QueueScope;
-use crate::ledger::{Queue, QueueName};
+use super::reports::QueueRow;
+use super::statement::{Sql, Statement};
+use super::{Store, StoreResult};
+use crate::ledger::{Queue, QueueName, QueueScope};
 
 impl Store {
     /// Every queue within `within` that has ever had a parent (or only
     /// `queue`), in name order.
     pub async fn queues(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<Vec<Queue>> {
-        let rows = dispatch!(self, s => s.queue_rows(queue, within).await)?;
-        Ok(rows.into_iter().map(QueueRow::into_queue).collect())
-    }
-
-    /// Pauses (or resumes) a queue in the database, so every replica's claims
-    /// see it at once; whether that changed anything.
-    pub async fn set_paused(&self, queue: &QueueName, paused: bool) -> StoreResult<bool> {
-        dispatch!(self, s => s.set_paused(queue, paused).await)
+        let scope = within.as_json();
+        let rows = self
+            .scan(
+                Statement::new(self.sql(&QUEUE_SUMMARIES))
+                    .text(queue.map(QueueName::as_str))
+                    .text(scope.as_deref()),
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok(QueueRow::from_row(&**row)?.into_queue()))
+            .collect()
     }
 }
 
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
-/// `rows::QueueRow`): parents by state and their projections summed, their
+/// `reports::QueueRow`): parents by state and their projections summed, their
 /// minute buckets, and the oldest pending child of each open lane, which its
-/// first entry in `child_pending_since` gives. `minute` is the dialect's
-/// current minute since the epoch, `epoch` its clock in seconds and `within`
-/// its queue-scope fragment.
-pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String {
+/// first entry in `child_pending_since` gives.
+static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
     format!(
         "SELECT p.queue, \
              CAST(sum(CASE WHEN p.decomposed_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS decomposing, \
@@ -54,57 +55,9 @@ pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String
              EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
-         GROUP BY p.queue ORDER BY p.queue"
+         GROUP BY p.queue ORDER BY p.queue",
+        minute = d.minute,
+        epoch = d.epoch,
+        within = (d.within)("$2")
     )
-}
-
-/// Queue reads, as `impl` methods of a backend store: the dialect's current
-/// minute since the epoch `$minute`, its clock in seconds `$epoch` and its
-/// queue-scope fragment `$within` (see `queue_summaries`).
-macro_rules! queue_reads {
-    ($store:ty, $minute:expr, $epoch:expr, $within:path) => {
-        impl $store {
-            /// One row per queue (see `queue_summaries`).
-            pub async fn queue_rows(
-                &self,
-                queue: Option<&$crate::ledger::QueueName>,
-                within: &$crate::access::QueueScope,
-            ) -> $crate::store::StoreResult<Vec<$crate::store::rows::QueueRow>> {
-                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-                    $crate::store::queues::queue_summaries($minute, $epoch, &$within("$2"))
-                });
-                let mut conn = self.read().await?;
-                let rows = sqlx::query_as(sqlx::AssertSqlSafe(SQL.as_str()))
-                    .bind(queue.map($crate::ledger::QueueName::as_str))
-                    .bind(within.as_json())
-                    .fetch_all(&mut *conn)
-                    .await?;
-                conn.finish().await?;
-                Ok(rows)
-            }
-
-            /// How many parents (of one queue) within `within` there are.
-            pub async fn count_parents(
-                &self,
-                queue: Option<&$crate::ledger::QueueName>,
-                within: &$crate::access::QueueScope,
-            ) -> $crate::store::StoreResult<u64> {
-                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-                    format!(
-                        "SELECT count(*) FROM parent p WHERE ($1 IS NULL OR p.queue = $1) AND {}",
-                        $within("$2")
-                    )
-                });
-                let mut conn = self.read().await?;
-                let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(SQL.as_str()))
-                    .bind(queue.map($crate::ledger::QueueName::as_str))
-                    .bind(within.as_json())
-                    .fetch_one(&mut *conn)
-                    .await?;
-                conn.finish().await?;
-                Ok(count as u64)
-            }
-        }
-    };
-}
-pub(in crate::store) use queue_reads;
+});

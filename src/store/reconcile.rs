@@ -1,13 +1,55 @@
 //! Reconcile: compare a parent's stored projection with its rows, show the
 //! difference and repair it. When they disagree, the rows win.
 
-use super::{Db, Store, StoreError, StoreResult, Tx, dispatch, in_tx};
-use crate::access::QueueScope;
-use crate::ledger::projection::{self, CompletionRepair, DerivedProjection};
-use crate::ledger::{ParentId, QueueName, ReconcileReport, SweepReport};
+use super::backend::{DriftQuery, Transaction};
+use super::statement::{Sql, Statement};
+use super::{Store, StoreError, StoreResult, registration, sql};
+use crate::ledger::projection::{self, CompletionRepair, DerivedProjection, Open, StoredProjection, Tally};
+use crate::ledger::{ParentId, QueueName, QueueScope, ReconcileReport, SweepReport};
 
 /// How many parents the reconcile sweep reads per statement.
 const SWEEP_PAGE: i64 = 500;
+
+/// A parent's stored projection for reconcile, locked (its open counts less
+/// what outcomes settled; the lane's part is `LANE_OPEN`).
+static STORED_PROJECTION: Sql = Sql::new(|d| {
+    format!(
+        "SELECT total, processed, failed, skipped, completed_at, settled_in_flight, settled_held, \
+             decomposed_at IS NOT NULL AS decomposed FROM parent WHERE parent_id = $1{}",
+        d.for_update
+    )
+});
+
+/// A lane's part of its parent's open counts, locked after the parent, as
+/// every statement that locks both does.
+static LANE_OPEN: Sql = Sql::new(|d| {
+    format!(
+        "SELECT claimed - unclaimed AS in_flight, held_in - held_out AS held FROM lane WHERE parent_id = $1{}",
+        d.for_update
+    )
+});
+
+/// A parent's in-flight and held children, counted, each through its partial index.
+const OPEN_TALLY: &str = "SELECT \
+    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'in_flight') AS in_flight, \
+    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'held') AS held";
+
+/// Writes the derived projection over the stored one, with `completed_at`
+/// kept, set or cleared.
+fn repair(completed_at: &str) -> String {
+    format!(
+        "UPDATE parent SET total = $2, processed = $3, failed = $4, skipped = $5, \
+             settled_in_flight = 0, settled_held = 0, completed_at = {completed_at} WHERE parent_id = $1"
+    )
+}
+
+static REPAIR_KEEP: Sql = Sql::new(|_| repair("completed_at"));
+static REPAIR_SET: Sql = Sql::new(|d| repair(d.now));
+static REPAIR_CLEAR: Sql = Sql::new(|_| repair("NULL"));
+
+/// A lane's counters, from the counted children.
+const REPAIR_LANE: &str =
+    "UPDATE lane SET claimed = $2, unclaimed = 0, held_in = $3, held_out = 0 WHERE parent_id = $1";
 
 /// A drifted parent to count in a background job, in the same transaction
 /// that repairs it (see `reconcile_jobs`).
@@ -32,20 +74,18 @@ impl Store {
         dry_run: bool,
         mark: Option<JobMark<'_>>,
     ) -> StoreResult<Option<ReconcileReport>> {
-        let mut tx = self.begin().await?;
-        let (stored, decomposed) = in_tx!(&mut tx, reconcile::lock_projection(parent_id))?
+        let mut tx = self.db.begin().await?;
+        let (stored, decomposed) = lock_projection(&mut *tx, parent_id)
+            .await?
             .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))?;
-        let rows = in_tx!(&mut tx, parents::tally(parent_id))?;
-        let open = in_tx!(&mut tx, reconcile::open_tally(parent_id))?;
+        let rows = registration::tally(&mut *tx, parent_id).await?;
+        let open = open_tally(&mut *tx, parent_id).await?;
         let derived = DerivedProjection::from_rows(rows, open, decomposed);
         let changes = projection::diff(&stored, &derived);
         let apply = !dry_run && !changes.is_empty();
         let completion = projection::completion_repair(&stored, &derived);
         if apply {
-            in_tx!(&mut tx, reconcile::repair(parent_id, &rows, open, completion))?;
-            if completion == CompletionRepair::Set {
-                super::webhooks::enqueue_completed(&mut tx, std::slice::from_ref(parent_id)).await?;
-            }
+            write_repair(&mut *tx, parent_id, &rows, open, completion).await?;
         }
         let report = ReconcileReport {
             parent_id: parent_id.clone(),
@@ -59,16 +99,17 @@ impl Store {
             && !report.changes.is_empty()
         {
             let json = serde_json::to_string(&report).expect("a report serializes");
-            let counted = in_tx!(&mut tx, reconcile_jobs::record_drift(&mark, apply, &json))?;
-            if !counted {
+            if !super::reconcile_jobs::record_drift(&mut *tx, &mark, apply, &json).await? {
                 // Rolled back: the job is another worker's now, or this parent was counted already.
                 return Ok(None);
             }
         }
-        tx.commit().await?;
-        if apply && completion == CompletionRepair::Set {
-            self.completed(std::slice::from_ref(parent_id));
-        }
+        let completed: &[ParentId] = if apply && completion == CompletionRepair::Set {
+            std::slice::from_ref(parent_id)
+        } else {
+            &[]
+        };
+        self.commit_completing(tx, completed).await?;
         Ok(Some(report))
     }
 
@@ -94,7 +135,15 @@ impl Store {
         let mut after = after;
         let mut left = limit;
         loop {
-            let page = dispatch!(self, s => s.drift_page(queue, within, after, left.min(SWEEP_PAGE)).await)?;
+            let page = self
+                .db
+                .drift_page(DriftQuery {
+                    queue,
+                    within,
+                    after,
+                    limit: left.min(SWEEP_PAGE),
+                })
+                .await?;
             report.checked += page.checked;
             left -= page.checked as i64;
             for (parent_id, _) in page.drifted {
@@ -123,6 +172,103 @@ impl Store {
     /// How many parents (of one queue) within `within` a sweep would check:
     /// the length of the command line's progress bar.
     pub async fn count_parents(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<u64> {
-        dispatch!(self, s => s.count_parents(queue, within).await)
+        static COUNT: Sql = Sql::new(|d| {
+            format!(
+                "SELECT count(*) AS parents FROM parent p WHERE ($1 IS NULL OR p.queue = $1) AND {}",
+                (d.within)("$2")
+            )
+        });
+        let scope = within.as_json();
+        let rows = self
+            .scan(
+                Statement::new(self.sql(&COUNT))
+                    .text(queue.map(QueueName::as_str))
+                    .text(scope.as_deref()),
+            )
+            .await?;
+        let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+        Ok(row.int("parents")? as u64)
     }
+}
+
+/// The stored projection under the parent's and then the lane's lock, `None`
+/// when the parent is missing; the flag says it is decomposed.
+async fn lock_projection(
+    tx: &mut dyn Transaction,
+    parent_id: &ParentId,
+) -> StoreResult<Option<(StoredProjection, bool)>> {
+    let d = tx.dialect();
+    let rows = tx
+        .fetch(Statement::new(STORED_PROJECTION.of(d)).text(parent_id.as_str()))
+        .await?;
+    let Some(row) = rows.first() else { return Ok(None) };
+    let lane = tx
+        .fetch(Statement::new(LANE_OPEN.of(d)).text(parent_id.as_str()))
+        .await?;
+    let (lane_in_flight, lane_held) = match lane.first() {
+        Some(lane) => (lane.int("in_flight")?, lane.int("held")?),
+        None => (0, 0),
+    };
+    let stored = StoredProjection {
+        total: row.int("total")?,
+        processed: row.int("processed")?,
+        failed: row.int("failed")?,
+        skipped: row.int("skipped")?,
+        in_flight: lane_in_flight - row.int("settled_in_flight")?,
+        held: lane_held - row.int("settled_held")?,
+        completed_at: row.opt_time("completed_at")?,
+    };
+    Ok(Some((stored, row.bool("decomposed")?)))
+}
+
+/// A parent's in-flight and held children, counted.
+async fn open_tally(tx: &mut dyn Transaction, parent_id: &ParentId) -> StoreResult<Open> {
+    let rows = tx.fetch(Statement::new(OPEN_TALLY).text(parent_id.as_str())).await?;
+    let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Open {
+        in_flight: row.int("in_flight")?,
+        held: row.int("held")?,
+    })
+}
+
+/// Writes the derived projection and the counted open children over the stored ones.
+async fn write_repair(
+    tx: &mut dyn Transaction,
+    parent_id: &ParentId,
+    derived: &Tally,
+    open: Open,
+    completion: CompletionRepair,
+) -> StoreResult<()> {
+    let repair = match completion {
+        CompletionRepair::Keep => &REPAIR_KEEP,
+        CompletionRepair::Set => &REPAIR_SET,
+        CompletionRepair::Clear => &REPAIR_CLEAR,
+    };
+    tx.execute(
+        Statement::new(repair.of(tx.dialect()))
+            .text(parent_id.as_str())
+            .int(derived.total)
+            .int(derived.processed)
+            .int(derived.failed)
+            .int(derived.skipped),
+    )
+    .await?;
+    tx.execute(
+        Statement::new(REPAIR_LANE)
+            .text(parent_id.as_str())
+            .int(open.in_flight)
+            .int(open.held),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The drift scan's select list for parent `p` joined with its lane `l`,
+/// beside the dialect's row counts (`rows_*` columns).
+pub(super) fn drift_columns() -> String {
+    format!(
+        "p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
+         p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, {}",
+        sql::OPEN_COUNTS
+    )
 }

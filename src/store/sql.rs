@@ -1,7 +1,6 @@
-//! SQL that both dialects share, word for word: the ledger rules a statement
-//! must express in SQL, each next to the Rust rule it mirrors (tested to agree
-//! on the same rows, below), and the read statements whose text is the same
-//! in Postgres and SQLite (sqlx binds `$N` on both).
+//! The ledger rules a statement must express in SQL, each next to the Rust
+//! rule it mirrors (tested to agree on the same rows, below), and the column
+//! lists and fragments that statements of both dialects are built from.
 
 use std::sync::LazyLock;
 
@@ -37,7 +36,7 @@ pub(crate) fn fence_admits(claim: &str) -> String {
     format!("coalesce({claim} IS NULL OR {claim} = c.claim_id OR {claim} = c.previous_claim_id, false)")
 }
 
-/// `access::QueueScope::allows` in Postgres: whether parent `p`'s queue is
+/// `QueueScope::allows` in Postgres: whether parent `p`'s queue is
 /// within the scope bound as JSON text `param` (`QueueScope::as_json`: NULL
 /// for every queue).
 pub(crate) fn within_postgres(param: &str) -> String {
@@ -74,101 +73,24 @@ pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state,
     c.claim_id, c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.reason, c.result, \
     c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count";
 
-/// One child, by its primary key.
-pub(crate) static CHILD_BY_KEY: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {CHILD_COLUMNS} FROM child c WHERE c.parent_id = $1 AND c.sequence = $2"));
-
 /// A parent's open counts (`open_pending`, `open_in_flight`, `open_held`)
 /// from its counters and its lane's, for `parent p LEFT JOIN lane l`: no count
 /// over its children (migration 0009 says how each is kept).
-macro_rules! open_counts {
-    () => {
-        "coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight AS open_in_flight, \
-         coalesce(l.held_in - l.held_out, 0) - p.settled_held AS open_held, \
-         p.total - p.processed - p.failed - p.skipped \
-             - (coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) \
-             - (coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS open_pending"
-    };
-}
-pub(crate) use open_counts;
+pub(crate) const OPEN_COUNTS: &str = "coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight AS open_in_flight, \
+     coalesce(l.held_in - l.held_out, 0) - p.settled_held AS open_held, \
+     p.total - p.processed - p.failed - p.skipped \
+         - (coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) \
+         - (coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS open_pending";
 
 /// A parent row's columns with its open counts.
-pub(crate) const PARENT_SELECT: &str = concat!(
-    "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, \
-    p.expired_lease, p.priority, p.webhook_url, p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
-    p.last_progress_at, \
-    p.position, ",
-    open_counts!(),
-    " FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id"
-);
-
-/// One parent with its open counts.
-pub(crate) static PARENT_BY_ID: LazyLock<String> = LazyLock::new(|| format!("{PARENT_SELECT} WHERE p.parent_id = $1"));
-
-/// Whether a parent exists.
-pub(crate) const PARENT_QUEUE: &str = "SELECT queue FROM parent WHERE parent_id = $1";
-
-/// The queues of the parents whose children claim `$1` holds.
-pub(crate) const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM child c JOIN parent p ON p.parent_id = c.parent_id \
-    WHERE c.claim_id = $1 AND c.state = 'in_flight'";
-
-/// A decomposed parent's largest payload (its lane's `child_bytes`).
-pub(crate) const LANE_CHILD_BYTES: &str = "SELECT child_bytes FROM lane WHERE parent_id = $1";
-
-pub(crate) const PARENT_EXISTS: &str = "SELECT 1 FROM parent WHERE parent_id = $1";
-
-/// Opens the lane of a parent that was just decomposed: its queue claims may
-/// start. Its children carry no delay yet, so `floor` is its lowest pending one.
-pub(crate) const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor) \
-    SELECT p.parent_id, p.queue, p.priority, p.position, p.child_bytes, \
-        (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') \
-    FROM parent p WHERE p.parent_id = $1";
-
-/// The claimable lanes of queue `$1` in serving order, `$2` at most: higher
-/// priority first, then least recently served, then oldest. `now` is the
-/// dialect's clock. The index predicate is repeated so SQLite uses it too.
-pub(crate) fn queue_lanes(now: &str) -> String {
+pub(crate) static PARENT_SELECT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT parent_id, priority, child_bytes FROM lane \
-         WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) \
-           AND (floor IS NOT NULL OR ready_at <= {now}) \
-           AND NOT EXISTS (SELECT 1 FROM queue_pause WHERE queue = $1) \
-         ORDER BY priority DESC, served, position LIMIT $2"
+        "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, p.expired_lease, p.priority, p.webhook_url, \
+             p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
+             p.last_progress_at, p.position, {OPEN_COUNTS} \
+         FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id"
     )
-}
-
-/// A parent's registration fingerprint.
-pub(crate) const PARENT_FINGERPRINT: &str = "SELECT fingerprint FROM parent WHERE parent_id = $1";
-
-/// The projection derived from a parent's rows: `(total, processed, failed, skipped)`.
-pub(crate) const TERMINAL_TALLY: &str = "SELECT count(*) AS total, \
-    count(*) FILTER (WHERE state = 'processed') AS processed, \
-    count(*) FILTER (WHERE state = 'failed') AS failed, \
-    count(*) FILTER (WHERE state = 'skipped') AS skipped \
-    FROM child WHERE parent_id = $1";
-
-/// Adds appended children (`$2`, of which `$3` skipped, the largest payload
-/// `$4` bytes) to a parent's projection.
-pub(crate) const COUNT_APPENDED: &str = "UPDATE parent SET total = total + $2, skipped = skipped + $3, \
-    child_bytes = CASE WHEN coalesce(child_bytes, 0) < $4 THEN $4 ELSE child_bytes END WHERE parent_id = $1";
-
-/// A seal's census: stored sequences below `$2` and at or past it.
-pub(crate) const SEAL_CENSUS: &str = "SELECT count(*) FILTER (WHERE sequence < $2), \
-    count(*) FILTER (WHERE sequence >= $2) FROM child WHERE parent_id = $1";
-
-/// The lowest stored sequence below `$2`.
-pub(crate) const SEAL_FIRST: &str = "SELECT min(sequence) FROM child WHERE parent_id = $1 AND sequence < $2";
-
-/// Stored sequences below `$2` that start a gap (or end the run), with the
-/// next stored sequence: what `projection::missing_sequences` reads.
-pub(crate) const SEAL_GAPS: &str = "SELECT sequence, next FROM ( \
-        SELECT sequence, lead(sequence) OVER (ORDER BY sequence) AS next \
-        FROM child WHERE parent_id = $1 AND sequence < $2) runs \
-    WHERE next IS NULL OR next > sequence + 1 ORDER BY sequence LIMIT $3";
-
-/// Stored sequences at or past `$2`.
-pub(crate) const SEAL_EXTRA: &str =
-    "SELECT sequence FROM child WHERE parent_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3";
+});
 
 /// Counts a statement's outcomes into a parent's minute buckets (migration
 /// 0009): the assignments of an `UPDATE parent`, for columns prefixed `t`
@@ -186,20 +108,6 @@ pub(crate) fn count_minute(t: &str, minute: &str, processed: &str, failed: &str)
     )
 }
 
-/// A parent's stored projection for reconcile (its open counts less what
-/// outcomes settled; the lane's part is `LANE_OPEN`).
-pub(crate) const STORED_PROJECTION: &str = "SELECT total, processed, failed, skipped, completed_at, \
-    settled_in_flight, settled_held, decomposed_at IS NOT NULL AS decomposed FROM parent WHERE parent_id = $1";
-
-/// A lane's part of its parent's open counts, for reconcile.
-pub(crate) const LANE_OPEN: &str =
-    "SELECT claimed - unclaimed AS in_flight, held_in - held_out AS held FROM lane WHERE parent_id = $1";
-
-/// A parent's in-flight and held children, counted (reconcile), each through its partial index.
-pub(crate) const OPEN_TALLY: &str = "SELECT \
-    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'in_flight'), \
-    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'held')";
-
 /// Returns a held child to pending; `now` is the dialect's clock.
 pub(crate) fn retry_held(now: &str) -> String {
     format!(
@@ -210,7 +118,7 @@ pub(crate) fn retry_held(now: &str) -> String {
 
 /// Why each losing outcome write lost: for each `(parent_id, sequence)` of the
 /// input, whether its parent is decomposed and the child's state (NULL when
-/// missing). `$INPUT` is the dialect's table of `(i, parent_id, sequence)`.
+/// missing). `input` is the dialect's table of `(i, parent_id, sequence, claim_id)`.
 pub(crate) fn loser_facts(input: &str) -> String {
     format!(
         "SELECT u.i, p.decomposed_at IS NOT NULL, c.state, {} FROM {input} \
@@ -318,7 +226,7 @@ mod tests {
             .iter()
             .map(|entries| {
                 let entries: Vec<String> = entries.iter().map(|e| (*e).to_owned()).collect();
-                let scope = crate::access::QueueScope::parse(&entries).unwrap();
+                let scope = crate::ledger::QueueScope::parse(&entries).unwrap();
                 (scope.as_json(), QUEUES.iter().map(|q| scope.allows(q)).collect())
             })
             .collect()

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 pub use child_ledger::access::Role;
 use child_ledger::access::{Access, TokenSet};
-use child_ledger::config::Limits;
-use child_ledger::store::Store;
-use child_ledger::{AppState, app};
+use child_ledger::config::{Config, Limits};
+use child_ledger::startup::{Application, Stopper};
+use clap::Parser;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use sqlx::Connection;
@@ -130,9 +130,9 @@ pub struct TestApp {
     pub token: Option<String>,
     access: Arc<Access>,
     db: raw::RawDb,
-    server: tokio::task::JoinHandle<()>,
-    reaper: tokio::task::JoinHandle<()>,
-    listener_task: tokio::task::JoinHandle<()>,
+    /// The service, as `main` runs it (`startup::Application`).
+    service: tokio::task::JoinHandle<()>,
+    stopper: Stopper,
     owns_database: bool,
     _dir: Option<TempDir>,
 }
@@ -350,17 +350,20 @@ async fn start_app(
     access: Arc<Access>,
     owns_database: bool,
 ) -> TestApp {
-    let store = Store::connect(&database_url).await.expect("connect store");
-    store.migrate().await.expect("migrate");
-    let state = AppState::new(store.clone(), limits).with_access(Arc::clone(&access));
-    // The reaper runs as in production, beside the sweep that short claims do.
-    let reaper = tokio::spawn(child_ledger::reap_expired_leases(state.clone(), Duration::from_secs(1)));
-    let listener_task = tokio::spawn(child_ledger::listen_for_work(state.clone()));
-    let router = app(state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
+    // The service as `main` starts it, on a free port: the reaper, the work
+    // listener and the reconcile jobs' loop run as in production.
+    let mut config = Config::try_parse_from(["child-ledger"]).expect("the default configuration");
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.database_url = database_url.clone();
+    config.limits = limits;
+    config.reap_interval_ms = 1000;
+    config.shutdown_grace_seconds = 1;
+    let app = Application::bind(config, Arc::clone(&access)).await.expect("bind");
+    let addr = app.local_addr();
+    let running = app.start().await.expect("start").expect("not stopped");
+    let stopper = running.stopper();
+    let service = tokio::spawn(async move {
+        let _ = running.wait().await;
     });
     TestApp {
         backend,
@@ -373,9 +376,8 @@ async fn start_app(
         database_url,
         token: None,
         access,
-        server,
-        reaper,
-        listener_task,
+        service,
+        stopper,
         owns_database,
         _dir: dir,
     }
@@ -383,9 +385,8 @@ async fn start_app(
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        self.server.abort();
-        self.reaper.abort();
-        self.listener_task.abort();
+        self.stopper.stop();
+        self.service.abort();
         if self.backend == Backend::Postgres && self.owns_database {
             // Drop the test's database so runs do not pile them up.
             drop_database(&self.database_url);

@@ -4,15 +4,18 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
-use super::{PgStore, PgTx};
-use crate::ledger::{Child, ClaimScope, ParentId, QueueName};
-use crate::store::rows::{Lane, LaneAsk, LaneClaim, LaneTurn};
-use crate::store::{ChildRef, StoreResult, retry_transient, sql};
+use super::{POSTGRES, PgStore, PgTx};
+use crate::ledger::{ClaimScope, ParentId};
+use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
+use crate::store::error::retry_transient;
+use crate::store::reports::{LaneClaim, LaneTurn};
+use crate::store::{StoreResult, sql};
 
 /// A claim on one parent's lane: lock the lane row (waiting for the claim of
 /// the same parent ahead of it, or skipping a busy lane with `SKIP LOCKED`),
@@ -27,7 +30,8 @@ use crate::store::{ChildRef, StoreResult, retry_transient, sql};
 /// picked rows on both key columns and names no parent of its own: with a
 /// constant `parent_id` the planner, whose statistics may predate the parent
 /// and so expect one row of it, would walk every child of the parent. Binds: `$1` parent id,
-/// `$2` limit, `$3` claim id, `$4` worker, `$5` lease seconds.
+/// `$2` how many in all, then one array element per child: `$3` claim ids,
+/// `$4` workers, `$5` lease seconds.
 fn lane_claim(lock: &str) -> String {
     format!(
         "WITH lane AS ( \
@@ -78,44 +82,32 @@ pub static LANE_CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDAT
 /// The lane claim that passes a lane another claim holds (see `lane_claim`).
 pub(super) static LANE_CLAIM_SKIP: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE SKIP LOCKED"));
 
-/// The claimable lanes of a queue in serving order (see `sql::queue_lanes`).
-pub static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes("now()"));
+/// The claimable lanes of a queue in serving order (`store::claims::QUEUE_LANES`
+/// as Postgres runs it).
+pub static QUEUE_LANES: LazyLock<&'static str> = LazyLock::new(|| crate::store::claims::QUEUE_LANES.of(&POSTGRES));
 
 impl PgStore {
-    pub async fn queues_of_claim(&self, claim_id: Uuid) -> StoreResult<Vec<String>> {
-        Ok(sqlx::query_scalar(sql::CLAIM_QUEUES)
-            .bind(claim_id)
-            .fetch_all(&self.pool)
-            .await?)
+    /// The children this claim still holds, by parent in id order.
+    async fn held_by_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<(String, Vec<i64>)>> {
+        Ok(sqlx::query_as(
+            "SELECT parent_id, array_agg(sequence) FROM child WHERE claim_id = $1 AND state = 'in_flight' \
+             GROUP BY parent_id ORDER BY parent_id",
+        )
+        .bind(claim_id)
+        .fetch_all(&mut **tx)
+        .await?)
     }
+}
 
-    /// The first `limit` claimable lanes of a queue, in serving order.
-    pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
-        let rows: Vec<(String, i32, Option<i32>)> = retry_transient!(
-            sqlx::query_as(AssertSqlSafe(self.pool.sql(&QUEUE_LANES)))
-                .bind(queue.as_str())
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(Into::into)
-        )?;
-        Ok(rows
-            .into_iter()
-            .map(|(parent_id, priority, child_bytes)| Lane::new(parent_id, priority, child_bytes))
-            .collect())
-    }
-
-    /// Leases children of one parent for each of `asks`, in one statement
-    /// (see `lane_claim`): the lowest sequences to the first ask, and so on.
-    pub async fn claim_lane(
-        &self,
-        parent_id: &ParentId,
-        asks: &[LaneAsk],
-        turn: LaneTurn,
-    ) -> StoreResult<Vec<LaneClaim>> {
-        let sql = match turn {
-            LaneTurn::Wait => &*LANE_CLAIM,
-            LaneTurn::Skip => &*LANE_CLAIM_SKIP,
+#[async_trait]
+impl Claims for PgStore {
+    /// Leases children of one parent for each ask, in one statement (see
+    /// `lane_claim`): the lowest sequences to the first ask, and so on.
+    async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
+        let LaneClaimParams { parent_id, asks, turn } = lane;
+        let sql: &'static str = match turn {
+            LaneTurn::Wait => LANE_CLAIM.as_str(),
+            LaneTurn::Skip => LANE_CLAIM_SKIP.as_str(),
         };
         let total: i64 = asks.iter().map(|a| a.limit).sum();
         let mut claims = Vec::with_capacity(total as usize);
@@ -128,34 +120,24 @@ impl PgStore {
                 leases.push(ask.lease_seconds as f64);
             }
         }
-        let rows = retry_transient!(
-            sqlx::query(AssertSqlSafe(self.pool.sql(sql)))
+        let (claims, workers, leases) = (&claims, &workers, &leases);
+        let rows = retry_transient(|| async move {
+            Ok(sqlx::query(self.pool.sql(sql))
                 .bind(parent_id.as_str())
                 .bind(total)
-                .bind(&claims)
-                .bind(&workers)
-                .bind(&leases)
+                .bind(claims)
+                .bind(workers)
+                .bind(leases)
                 .fetch_all(&self.pool)
-                .await
-                .map_err(Into::into)
-        )?;
+                .await?)
+        })
+        .await?;
         Ok(LaneClaim::from_rows(asks, &rows)?)
     }
 
-    /// The children this claim still holds, by parent in id order.
-    async fn held_by_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<(String, Vec<i64>)>> {
-        Ok(sqlx::query_as(
-            "SELECT parent_id, array_agg(sequence) FROM child WHERE claim_id = $1 AND state = 'in_flight' \
-             GROUP BY parent_id ORDER BY parent_id",
-        )
-        .bind(claim_id)
-        .fetch_all(&mut **tx)
-        .await?)
-    }
-
     /// Extends the live leases of a claim, parent by parent, in one transaction.
-    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
-        let mut tx = self.begin().await?;
+    async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<Extended> {
+        let mut tx = self.held_tx().await?;
         let (mut extended, mut expires) = (0, None);
         for (parent_id, sequences) in Self::held_by_claim(&mut tx, claim_id).await? {
             let (n, at): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
@@ -177,19 +159,22 @@ impl PgStore {
             expires = expires.max(at);
         }
         tx.commit().await?;
-        Ok((extended, expires))
+        Ok(Extended {
+            extended,
+            lease_expires_at: expires,
+        })
     }
 
     /// Returns a claim's children (all, or the named ones) to pending, parent
     /// by parent in one transaction, lowering each lane's floor (or, with a
     /// delay, its `ready_at`) to them.
-    pub async fn release(
-        &self,
-        claim_id: Uuid,
-        children: Option<&[ChildRef]>,
-        delay_seconds: i64,
-    ) -> StoreResult<Vec<(String, u64)>> {
-        let mut tx = self.begin().await?;
+    async fn release(&self, release: Release<'_>) -> StoreResult<Vec<(ParentId, u64)>> {
+        let Release {
+            claim_id,
+            children,
+            delay_seconds,
+        } = release;
+        let mut tx = self.held_tx().await?;
         let groups: Vec<(String, Vec<i64>)> = match children {
             None => Self::held_by_claim(&mut tx, claim_id).await?,
             Some(children) => {
@@ -227,16 +212,15 @@ impl PgStore {
             .fetch_one(&mut *tx)
             .await?;
             if n > 0 {
-                released.push((parent_id, n as u64));
+                released.push((ParentId::from_ledger(parent_id), n as u64));
             }
         }
         tx.commit().await?;
         Ok(released)
     }
 
-    /// Returns a held child to pending, and its lane's floor to it; whether
-    /// it did, and the child after.
-    pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<(bool, Option<Child>)> {
+    /// Returns a held child to pending, and its lane's floor to it; whether it did.
+    async fn retry_held(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<bool> {
         let retried: bool = sqlx::query_scalar(AssertSqlSafe(format!(
             "WITH retried AS ({} RETURNING sequence), \
              lowered AS ( \
@@ -249,13 +233,13 @@ impl PgStore {
         .bind(sequence)
         .fetch_one(&self.pool)
         .await?;
-        Ok((retried, self.child(parent_id, sequence).await?))
+        Ok(retried)
     }
 
     /// Moves up to `batch` children whose lease ran out, in `scope` or
     /// everywhere: a read finds them, then one statement per parent moves
     /// them. Returns how many moved, and the parents whose last child this failed.
-    pub async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<(u64, Vec<ParentId>)> {
+    async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<Expired> {
         let (scope_filter, scope_key) = match scope {
             None => ("", None),
             Some(ClaimScope::Parent(parent_id)) => ("AND c.parent_id = $2", Some(parent_id.as_str())),
@@ -264,32 +248,35 @@ impl PgStore {
                 Some(queue.as_str()),
             ),
         };
-        let found: Vec<(String, Vec<i64>)> = retry_transient!(
-            sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT parent_id, array_agg(sequence) FROM ( \
-                     SELECT c.parent_id, c.sequence FROM child c \
-                     WHERE c.state = 'in_flight' AND c.lease_expires_at <= now() {scope_filter} \
-                     ORDER BY c.lease_expires_at LIMIT $1) e \
-                 GROUP BY parent_id ORDER BY parent_id"
-            )))
-            .bind(batch)
-            .bind(scope_key)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(Into::into)
-        )?;
+        let found_sql = format!(
+            "SELECT parent_id, array_agg(sequence) FROM ( \
+                 SELECT c.parent_id, c.sequence FROM child c \
+                 WHERE c.state = 'in_flight' AND c.lease_expires_at <= now() {scope_filter} \
+                 ORDER BY c.lease_expires_at LIMIT $1) e \
+             GROUP BY parent_id ORDER BY parent_id"
+        );
+        let found_sql = found_sql.as_str();
+        let found: Vec<(String, Vec<i64>)> = retry_transient(|| async move {
+            Ok(sqlx::query_as(AssertSqlSafe(found_sql))
+                .bind(batch)
+                .bind(scope_key)
+                .fetch_all(&self.pool)
+                .await?)
+        })
+        .await?;
         let mut moved = 0;
         let mut completed = Vec::new();
         for (parent_id, sequences) in found {
-            let rows: Vec<(Option<String>, i64)> = retry_transient!(
-                sqlx::query_as(AssertSqlSafe(EXPIRE_IN_PARENT.as_str()))
+            let (parent_id, sequences) = (&parent_id, &sequences);
+            let rows: Vec<(Option<String>, i64)> = retry_transient(|| async move {
+                Ok(sqlx::query_as(EXPIRE_IN_PARENT.as_str())
                     .bind(vec![parent_id.as_str(); sequences.len()])
-                    .bind(&sequences)
-                    .bind(&parent_id)
+                    .bind(sequences)
+                    .bind(parent_id)
                     .fetch_all(&self.pool)
-                    .await
-                    .map_err(Into::into)
-            )?;
+                    .await?)
+            })
+            .await?;
             for (parent_id, count) in rows {
                 match parent_id {
                     None => moved += count as u64,
@@ -297,7 +284,7 @@ impl PgStore {
                 }
             }
         }
-        Ok((moved, completed))
+        Ok(Expired { moved, completed })
     }
 }
 

@@ -121,6 +121,7 @@ impl DerefMut for Held {
 
 #[cfg(test)]
 mod tests {
+    use crate::store::backend::Connection as _;
     use std::time::Instant;
 
     use super::*;
@@ -164,9 +165,9 @@ mod tests {
             let sql = format!("SELECT pg_sleep(60), '{marker}'");
             let work = async {
                 let mut held = if in_transaction {
-                    store.begin().await?
+                    store.held_tx().await?
                 } else {
-                    store.read().await?
+                    store.held_read().await?
                 };
                 sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
                     .execute(&mut *held)
@@ -185,7 +186,7 @@ mod tests {
 
         // A transaction that ends in an error rolls back, and its connection
         // goes back to the pool rather than being closed.
-        let mut tx = store.begin().await.unwrap();
+        let mut tx = store.held_tx().await.unwrap();
         let first: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *tx)
             .await

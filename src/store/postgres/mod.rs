@@ -1,27 +1,68 @@
 //! The Postgres ledger: shared by many service replicas. Claims are one
 //! statement with `FOR UPDATE SKIP LOCKED`; every terminal transition is a
 //! guarded `UPDATE` whose row count decides who won. This file holds the pool,
-//! work notifications and planner statistics; the statements live by resource.
+//! the dialect, how statements run, work notifications and planner
+//! statistics; the statements whose shape is Postgres' own live by resource.
 
 pub(super) mod claims;
 mod held;
-pub(super) mod outcomes;
-pub(super) mod parents;
+mod outcomes;
+mod parents;
 mod pooler;
-pub(super) mod reconcile;
-pub(super) mod reconcile_jobs;
+mod reconcile;
 mod rows;
-pub(super) mod webhooks;
+mod webhooks;
 
 use std::sync::Arc;
 
 use anyhow::Context;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use async_trait::async_trait;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::{Connection as _, PgConnection, Postgres};
 
-use super::{PoolStats, StoreOptions, StoreResult};
+use super::backend::{Connection, Notifications, Row, Transaction};
+use super::statement::{Dialect, Statement, Value};
+use super::{PoolStats, StoreOptions, StoreResult, sql};
 use held::Held;
 use pooler::{PgDb, Session};
+
+/// The words Postgres writes its shared statements with.
+static POSTGRES: Dialect = Dialect {
+    slot: 0,
+    now: "now()",
+    minute: MINUTE,
+    epoch: "CAST(extract(epoch FROM now()) AS float8)",
+    for_update: " FOR UPDATE",
+    skip_locked: " FOR UPDATE SKIP LOCKED",
+    greatest: "greatest",
+    later: |p| format!("(now() + make_interval(secs => {p}))"),
+    ago: |p| format!("(now() - make_interval(secs => {p}))"),
+    json: |p| format!("{p}::json"),
+    json_push: |column, p| format!("{column} || jsonb_build_array({p}::jsonb)"),
+    json_length: |column| format!("jsonb_array_length({column})"),
+    within: sql::within_postgres,
+};
+
+/// A statement's text and values as sqlx runs them on Postgres.
+fn query(sql: &'static str, values: &[Value<'_>]) -> sqlx::query::Query<'static, Postgres, PgArguments> {
+    let mut query = sqlx::query(sql);
+    for value in values {
+        query = match *value {
+            Value::Text(v) => query.bind(v),
+            Value::Int(v) => query.bind(v),
+            Value::Int32(v) => query.bind(v),
+            Value::Float(v) => query.bind(v),
+            Value::Bool(v) => query.bind(v),
+            Value::Time(v) => query.bind(v),
+            Value::Uuid(v) => query.bind(v),
+        };
+    }
+    query
+}
+
+fn boxed(rows: Vec<PgRow>) -> Vec<Row> {
+    rows.into_iter().map(|row| Box::new(row) as Row).collect()
+}
 
 /// The current minute since the epoch, by the database clock.
 const MINUTE: &str = "(floor(extract(epoch FROM now()) / 60))::bigint";
@@ -100,7 +141,7 @@ impl PgStore {
     /// session-level advisory lock while it migrates, so through a
     /// transaction pooler migrations run over the direct URL; without one,
     /// the schema must already be current.
-    pub async fn migrate(&self) -> anyhow::Result<()> {
+    async fn run_migrations(&self) -> anyhow::Result<()> {
         let migrator = sqlx::migrate!("./migrations/postgres");
         if !self.pool.session.transaction_pooled {
             let mut conn = self.pool.pool.acquire().await?;
@@ -147,29 +188,41 @@ impl PgStore {
             .wrap_hot_statements(&[
                 claims::LANE_CLAIM.as_str(),
                 claims::LANE_CLAIM_SKIP.as_str(),
-                claims::QUEUE_LANES.as_str(),
+                *claims::QUEUE_LANES,
                 outcomes::APPLY_OUTCOMES.as_str(),
             ])
             .await
             .context("preparing the claim and outcome statements for the transaction pooler")
     }
 
-    pub(super) async fn begin(&self) -> StoreResult<PgTx> {
+    /// A transaction on a held connection.
+    pub(super) async fn held_tx(&self) -> StoreResult<PgTx> {
         Ok(self.pool.begin().await?)
     }
 
     /// A connection for one read that may scan (a page of parents with their
     /// counts, a drift page): its statement ends if the request is dropped.
-    pub(super) async fn read(&self) -> StoreResult<Held> {
+    pub(super) async fn held_read(&self) -> StoreResult<Held> {
         Ok(self.pool.read().await?)
     }
+}
 
-    pub async fn ping(&self) -> StoreResult<()> {
+#[async_trait]
+impl Connection for PgStore {
+    fn dialect(&self) -> &'static Dialect {
+        &POSTGRES
+    }
+
+    fn migrate(&self) -> futures::future::LocalBoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(self.run_migrations())
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 
-    pub fn pool_stats(&self) -> Vec<PoolStats> {
+    fn pool_stats(&self) -> Vec<PoolStats> {
         let pool = &self.pool.pool;
         vec![PoolStats {
             name: "postgres",
@@ -179,8 +232,39 @@ impl PgStore {
         }]
     }
 
+    async fn begin(&self) -> StoreResult<Box<dyn Transaction>> {
+        Ok(Box::new(self.held_tx().await?))
+    }
+
+    async fn fetch(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let rows = query(self.pool.sql(statement.sql), &statement.values)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(boxed(rows))
+    }
+
+    async fn scan(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let mut conn = self.held_read().await?;
+        let rows = query(self.pool.sql(statement.sql), &statement.values)
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(boxed(rows))
+    }
+
+    async fn write(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        self.fetch(statement).await
+    }
+
+    async fn execute(&self, statement: Statement<'_>) -> StoreResult<u64> {
+        let done = query(self.pool.sql(statement.sql), &statement.values)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// One notification per call, however many children it concerns.
-    pub async fn notify_work(&self, payload: &str) -> StoreResult<()> {
+    async fn notify(&self, payload: &str) -> StoreResult<()> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(WORK_CHANNEL)
             .bind(payload)
@@ -191,20 +275,20 @@ impl PgStore {
 
     /// Other replicas' work notifications; `None` through a transaction
     /// pooler without a direct URL, where `LISTEN` would never hear anything.
-    pub async fn listen_for_work(&self) -> StoreResult<Option<PgListener>> {
+    async fn listen(&self) -> StoreResult<Option<Box<dyn Notifications>>> {
         let mut listener = match (&self.direct_url, self.pool.session.transaction_pooled) {
             (_, false) => PgListener::connect_with(&self.pool.pool).await?,
             (Some(url), true) => PgListener::connect(url).await?,
             (None, true) => return Ok(None),
         };
         listener.listen(WORK_CHANNEL).await?;
-        Ok(Some(listener))
+        Ok(Some(Box::new(WorkChannel(listener))))
     }
 
     /// Keeps the planner's picture of `child` fresh after a bulk write, so the
     /// first claims after a big registration use the pending index instead of a
     /// plan chosen for an empty table.
-    pub async fn after_bulk_write(&self, rows_written: i64) -> StoreResult<()> {
+    async fn after_bulk_write(&self, rows_written: i64) -> StoreResult<()> {
         if rows_written < STATISTICS_MIN_ROWS {
             return Ok(());
         }
@@ -217,6 +301,37 @@ impl PgStore {
             sqlx::query("ANALYZE child").execute(&self.pool).await?;
         }
         Ok(())
+    }
+}
+
+/// The work channel, as `LISTEN` hears it.
+struct WorkChannel(PgListener);
+
+#[async_trait]
+impl Notifications for WorkChannel {
+    async fn recv(&mut self) -> StoreResult<String> {
+        Ok(self.0.recv().await?.payload().to_owned())
+    }
+}
+
+#[async_trait]
+impl Transaction for Held {
+    fn dialect(&self) -> &'static Dialect {
+        &POSTGRES
+    }
+
+    async fn fetch(&mut self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let rows = query(statement.sql, &statement.values).fetch_all(&mut **self).await?;
+        Ok(boxed(rows))
+    }
+
+    async fn execute(&mut self, statement: Statement<'_>) -> StoreResult<u64> {
+        let done = query(statement.sql, &statement.values).execute(&mut **self).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit(self: Box<Self>) -> StoreResult<()> {
+        Ok(Held::commit(*self).await?)
     }
 }
 

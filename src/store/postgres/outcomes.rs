@@ -4,13 +4,17 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
+use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::{PgStore, PgTx};
 use crate::ledger::{OutcomeWrite, ParentId};
-use crate::store::rows::{Applied, LoserFacts, parse_column};
-use crate::store::{StoreResult, retry_transient, sql};
+use crate::store::backend::{LoserWrites, Outcomes};
+use crate::store::error::retry_transient;
+use crate::store::reports::{Applied, LoserFacts};
+use crate::store::rows::parse_column;
+use crate::store::{StoreResult, sql};
 
 /// Adds a `deltas (parent_id, processed, failed, skipped, from_in_flight,
 /// from_held)` CTE's counts to their parents (the last two: how many of those
@@ -42,7 +46,7 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
             "p.total"
         ),
         minute = sql::count_minute("p.", super::MINUTE, "d.processed", "d.failed"),
-        enqueue = super::webhooks::ENQUEUE_BUMPED
+        enqueue = super::webhooks::ENQUEUE_BUMPED.as_str()
     )
 });
 
@@ -95,22 +99,27 @@ static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-impl PgStore {
+#[async_trait]
+impl Outcomes for PgStore {
     /// Records the writes that win, one statement per parent. A batch of one
     /// parent (what a claim hands out) is its own transaction, so the hot
     /// parent row is locked only while the statement runs; a batch of several
     /// is one transaction, parent by parent in id order.
-    pub async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
+    async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
         let mut by_parent: BTreeMap<&str, Vec<&OutcomeWrite>> = BTreeMap::new();
         for write in writes {
             by_parent.entry(write.parent_id.as_str()).or_default().push(write);
         }
-        let rows = retry_transient!(if by_parent.len() == 1 {
-            let (parent_id, writes) = by_parent.iter().next().expect("one parent");
-            apply_in_parent(&self.pool, self.pool.sql(&APPLY_OUTCOMES), parent_id, writes).await
-        } else {
-            self.apply_by_parent(&by_parent).await
-        })?;
+        let by_parent = &by_parent;
+        let rows = retry_transient(|| async move {
+            if by_parent.len() == 1 {
+                let (parent_id, writes) = by_parent.iter().next().expect("one parent");
+                apply_in_parent(&self.pool, self.pool.sql(APPLY_OUTCOMES.as_str()), parent_id, writes).await
+            } else {
+                self.apply_by_parent(by_parent).await
+            }
+        })
+        .await?;
         let mut applied = Applied::default();
         for (parent_id, sequence) in rows {
             let parent_id = ParentId::from_ledger(parent_id);
@@ -121,12 +130,14 @@ impl PgStore {
         }
         Ok(applied)
     }
+}
 
+impl PgStore {
     async fn apply_by_parent(&self, by_parent: &BTreeMap<&str, Vec<&OutcomeWrite>>) -> StoreResult<Vec<AppliedRow>> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.held_tx().await?;
         let mut rows = Vec::new();
         for (parent_id, writes) in by_parent {
-            rows.extend(apply_in_parent(&mut *tx, self.pool.sql(&APPLY_OUTCOMES), parent_id, writes).await?);
+            rows.extend(apply_in_parent(&mut *tx, self.pool.sql(APPLY_OUTCOMES.as_str()), parent_id, writes).await?);
         }
         tx.commit().await?;
         Ok(rows)
@@ -140,7 +151,7 @@ type AppliedRow = (String, Option<i64>);
 /// for the writes of one parent.
 async fn apply_in_parent<'e>(
     executor: impl sqlx::Executor<'e, Database = sqlx::Postgres>,
-    statement: &str,
+    statement: &'static str,
     parent_id: &str,
     writes: &[&OutcomeWrite],
 ) -> StoreResult<Vec<AppliedRow>> {
@@ -150,7 +161,7 @@ async fn apply_in_parent<'e>(
     let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
     let results: Vec<Option<&str>> = writes.iter().map(|w| w.result.as_deref().map(|r| r.get())).collect();
     let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
-    Ok(sqlx::query_as(AssertSqlSafe(statement))
+    Ok(sqlx::query_as(statement)
         .bind(&parents)
         .bind(&sequences)
         .bind(&outcomes)
@@ -161,39 +172,40 @@ async fn apply_in_parent<'e>(
         .await?)
 }
 
-/// What the ledger holds for each losing write's child, in input order.
-pub(in crate::store) async fn loser_facts(tx: &mut PgTx, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
-    let parents: Vec<&str> = losers.iter().map(|w| w.parent_id.as_str()).collect();
-    let sequences: Vec<i64> = losers.iter().map(|w| w.sequence).collect();
-    let claims: Vec<Option<uuid::Uuid>> = losers.iter().map(|w| w.claim_id).collect();
-    let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
-        "unnest($1::text[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS u(parent_id, sequence, claim_id, i)",
-    )))
-    .bind(&parents)
-    .bind(&sequences)
-    .bind(&claims)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut facts = vec![LoserFacts::default(); losers.len()];
-    for (i, decomposed, state, admitted) in rows {
-        facts[i as usize - 1] = LoserFacts {
-            parent_decomposed: decomposed,
-            state: state.as_deref().map(parse_column).transpose()?,
-            fenced_out: !admitted,
-        };
-    }
-    Ok(facts)
-}
-
-/// Keeps a losing outcome write in the child's conflict log.
-pub(in crate::store) async fn log_conflict(tx: &mut PgTx, write: &OutcomeWrite) -> StoreResult<()> {
-    sqlx::query(AssertSqlSafe(LOG_CONFLICT.as_str()))
-        .bind(write.parent_id.as_str())
-        .bind(write.sequence)
-        .bind(write.outcome.as_str())
-        .bind(write.reason.as_deref())
-        .bind(write.claim_id)
-        .execute(&mut **tx)
+#[async_trait]
+impl LoserWrites for PgTx {
+    async fn loser_facts(&mut self, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
+        let parents: Vec<&str> = losers.iter().map(|w| w.parent_id.as_str()).collect();
+        let sequences: Vec<i64> = losers.iter().map(|w| w.sequence).collect();
+        let claims: Vec<Option<uuid::Uuid>> = losers.iter().map(|w| w.claim_id).collect();
+        let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+            "unnest($1::text[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS u(parent_id, sequence, claim_id, i)",
+        )))
+        .bind(&parents)
+        .bind(&sequences)
+        .bind(&claims)
+        .fetch_all(&mut **self)
         .await?;
-    Ok(())
+        let mut facts = vec![LoserFacts::default(); losers.len()];
+        for (i, decomposed, state, admitted) in rows {
+            facts[i as usize - 1] = LoserFacts {
+                parent_decomposed: decomposed,
+                state: state.as_deref().map(parse_column).transpose()?,
+                fenced_out: !admitted,
+            };
+        }
+        Ok(facts)
+    }
+
+    async fn log_conflict(&mut self, write: &OutcomeWrite) -> StoreResult<()> {
+        sqlx::query(LOG_CONFLICT.as_str())
+            .bind(write.parent_id.as_str())
+            .bind(write.sequence)
+            .bind(write.outcome.as_str())
+            .bind(write.reason.as_deref())
+            .bind(write.claim_id)
+            .execute(&mut **self)
+            .await?;
+        Ok(())
+    }
 }

@@ -81,15 +81,15 @@ pub(crate) struct PgDb {
     /// Through a transaction pooler, once the schema is current: the hot
     /// statements' calls of their wrapping functions, by statement text (see
     /// `wrap_hot_statements`).
-    pub(super) wrapped: Arc<OnceLock<HashMap<String, String>>>,
+    pub(super) wrapped: Arc<OnceLock<HashMap<&'static str, &'static str>>>,
 }
 
 impl PgDb {
     /// The text to send for `sql`: itself, or through a transaction pooler
     /// the call of its wrapping function when it is one of the hot statements.
-    pub(super) fn sql<'a>(&'a self, sql: &'a str) -> &'a str {
+    pub(super) fn sql(&self, sql: &'static str) -> &'static str {
         match self.wrapped.get() {
-            Some(wrapped) => wrapped.get(sql).map_or(sql, String::as_str),
+            Some(wrapped) => wrapped.get(sql).copied().unwrap_or(sql),
             None => sql,
         }
     }
@@ -104,7 +104,7 @@ impl PgDb {
     /// different versions each find theirs, and is created once (a replica
     /// that finds it created by another goes on). Its parameter and column
     /// types are the statement's own, as Postgres describes it.
-    pub(super) async fn wrap_hot_statements(&self, statements: &[&str]) -> Result<(), sqlx::Error> {
+    pub(super) async fn wrap_hot_statements(&self, statements: &[&'static str]) -> Result<(), sqlx::Error> {
         let mut wrapped = HashMap::new();
         for sql in statements {
             let mut tx = self.begin().await?;
@@ -156,7 +156,8 @@ impl PgDb {
                     .collect::<Vec<_>>()
                     .join(", "),
             );
-            wrapped.insert((*sql).to_owned(), call);
+            // Made once per statement per process: kept for the life of it.
+            wrapped.insert(*sql, &*Box::leak(call.into_boxed_str()));
         }
         let _ = self.wrapped.set(wrapped);
         Ok(())
@@ -252,6 +253,7 @@ impl<'p> Executor<'p> for &'_ PgDb {
 
 #[cfg(test)]
 mod tests {
+    use crate::store::backend::Connection as _;
     use std::time::Duration;
 
     use crate::store::StoreOptions;
@@ -281,7 +283,7 @@ mod tests {
             .await
             .unwrap();
             assert_eq!((timeout.as_str(), check.as_str()), ("7s", "500ms"));
-            let mut tx = store.begin().await.unwrap();
+            let mut tx = store.held_tx().await.unwrap();
             let one: i32 = sqlx::query_scalar("SELECT $1::int")
                 .bind(1)
                 .fetch_one(&mut *tx)

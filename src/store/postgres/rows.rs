@@ -1,16 +1,13 @@
-//! Postgres rows: JSON as `jsonb`, uuids as `uuid`.
+//! Postgres rows: JSON as `json`/`jsonb`, uuids as `uuid`.
 
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
-use crate::store::rows::{LedgerRow, row_columns};
-pub(super) use crate::store::rows::{child, parent};
+use crate::store::rows::DialectRow;
 
-impl LedgerRow for PgRow {
-    row_columns!();
-
+impl DialectRow for PgRow {
     fn json(&self, column: &str) -> Result<Option<Value>, sqlx::Error> {
         self.try_get(column)
     }
@@ -23,9 +20,4 @@ impl LedgerRow for PgRow {
     fn uuid(&self, column: &str) -> Result<Option<Uuid>, sqlx::Error> {
         self.try_get(column)
     }
-}
-
-/// A time as a statement parameter: Postgres compares `timestamptz` natively.
-pub(crate) fn time_param(time: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
-    time
 }

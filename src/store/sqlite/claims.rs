@@ -4,15 +4,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use super::outcomes::{Settled, bump_parents};
-use super::{SqliteStore, SqliteTx, now, parents};
-use crate::ledger::{Child, ClaimScope, ParentId, QueueName};
-use crate::store::rows::{Lane, LaneAsk, LaneClaim, LaneTurn};
-use crate::store::{ChildRef, StoreResult, sql};
+use super::outcomes::{Counted, bump_parents};
+use super::{NOW, SqliteStore, SqliteTx, now_by};
+use crate::ledger::{ClaimScope, ParentId};
+use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
+use crate::store::reports::{LaneAsk, LaneClaim};
+use crate::store::{StoreResult, sql};
 
 /// Recomputes the lanes of the parents in JSON array `?1` from their rows:
 /// the lowest pending sequence without a delay, and the earliest delay. In
@@ -39,9 +41,7 @@ async fn refresh_lanes<'a>(tx: &mut SqliteTx, parents: impl IntoIterator<Item = 
     Ok(())
 }
 
-static QUEUE_LANES: LazyLock<String> = LazyLock::new(|| sql::queue_lanes(now!()));
-
-static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(now!()));
+static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(NOW));
 
 /// Counts leases that ended without an outcome (`unclaimed`) and, of those,
 /// the ones kept held (`held_in`), per lane: JSON `[[parent_id, ended, held], …]` in `?1`.
@@ -68,8 +68,7 @@ fn lane_claim(due: bool) -> String {
         format!(
             "UNION ALL SELECT sequence FROM ( \
                  SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
-                   AND available_at <= {now} ORDER BY available_at LIMIT ?2)",
-            now = now!()
+                   AND available_at <= {NOW} ORDER BY available_at LIMIT ?2)"
         )
     } else {
         String::new()
@@ -84,63 +83,185 @@ fn lane_claim(due: bool) -> String {
              {due} ORDER BY sequence LIMIT ?2) \
          RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, \
              (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
-        lease = now!(" ?5 "),
-        now = now!()
+        lease = now_by("?5"),
+        now = NOW
     )
 }
 
 static CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim(false));
 static CLAIM_WITH_DUE: LazyLock<String> = LazyLock::new(|| lane_claim(true));
 
-impl SqliteStore {
-    pub async fn queues_of_claim(&self, claim_id: Uuid) -> StoreResult<Vec<String>> {
-        Ok(sqlx::query_scalar(sql::CLAIM_QUEUES)
-            .bind(claim_id.to_string())
-            .fetch_all(&self.readers)
-            .await?)
-    }
-
-    /// The first `limit` claimable lanes of a queue, in serving order.
-    pub async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
-        let rows: Vec<(String, i32, Option<i32>)> = sqlx::query_as(AssertSqlSafe(QUEUE_LANES.as_str()))
-            .bind(queue.as_str())
-            .bind(limit)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(parent_id, priority, child_bytes)| Lane::new(parent_id, priority, child_bytes))
-            .collect())
-    }
-
+#[async_trait]
+impl Claims for SqliteStore {
     /// Leases children of one parent for each of `asks` in turn. Writes take
     /// turns in SQLite, so a claim never finds a lane busy and `turn` changes nothing.
-    pub async fn claim_lane(
-        &self,
-        parent_id: &ParentId,
-        asks: &[LaneAsk],
-        _turn: LaneTurn,
-    ) -> StoreResult<Vec<LaneClaim>> {
-        let mut claims = Vec::with_capacity(asks.len());
-        for ask in asks {
-            claims.push(self.claim_one(parent_id, ask).await?);
+    async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
+        let mut claims = Vec::with_capacity(lane.asks.len());
+        for ask in lane.asks {
+            claims.push(self.claim_one(lane.parent_id, ask).await?);
         }
         Ok(claims)
     }
 
+    async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<Extended> {
+        static EXTEND: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE child SET lease_expires_at = {lease} \
+                 WHERE claim_id = ?1 AND state = 'in_flight' AND lease_expires_at > {NOW} \
+                 RETURNING lease_expires_at",
+                lease = now_by("?2")
+            )
+        });
+        let mut tx = self.held_tx().await?;
+        let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(EXTEND.as_str())
+            .bind(claim_id.to_string())
+            .bind(format!("+{lease_seconds} seconds"))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Extended {
+            extended: rows.len() as u64,
+            lease_expires_at: rows.into_iter().max(),
+        })
+    }
+
+    async fn release(&self, release: Release<'_>) -> StoreResult<Vec<(ParentId, u64)>> {
+        static RELEASE: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
+                     changed_at = {NOW}, available_at = CASE WHEN ?3 > 0 THEN {later} END \
+                 WHERE claim_id = ?1 AND state = 'in_flight' \
+                   AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4))) \
+                 RETURNING parent_id",
+                later = now_by("'+' || ?3 || ' seconds'")
+            )
+        });
+        let Release {
+            claim_id,
+            children,
+            delay_seconds,
+        } = release;
+        let named: Vec<(&str, i64)> = children
+            .unwrap_or_default()
+            .iter()
+            .map(|c| (c.parent_id.as_str(), c.sequence))
+            .collect();
+        let named = serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned());
+        let mut tx = self.held_tx().await?;
+        let released: Vec<String> = sqlx::query_scalar(RELEASE.as_str())
+            .bind(claim_id.to_string())
+            .bind(children.is_none())
+            .bind(delay_seconds)
+            .bind(named)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut by_parent: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+        for parent_id in &released {
+            by_parent.entry(parent_id).or_default().0 += 1;
+        }
+        refresh_lanes(&mut tx, by_parent.keys().copied().collect::<BTreeSet<_>>()).await?;
+        count_unclaimed(&mut tx, &by_parent).await?;
+        tx.commit().await?;
+        Ok(by_parent
+            .into_iter()
+            .map(|(p, (n, _))| (ParentId::from_ledger(p.to_owned()), n as u64))
+            .collect())
+    }
+
+    /// Returns a held child to pending; whether it did.
+    async fn retry_held(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<bool> {
+        let mut tx = self.held_tx().await?;
+        let retried = sqlx::query(RETRY_HELD.as_str())
+            .bind(parent_id.as_str())
+            .bind(sequence)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if retried == 1 {
+            refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
+            sqlx::query("UPDATE lane SET held_out = held_out + 1 WHERE parent_id = ?1")
+                .bind(parent_id.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(retried == 1)
+    }
+
+    /// Moves up to `batch` children whose lease ran out, in `scope` or
+    /// everywhere. Returns how many, and the parents whose last child this failed.
+    async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<Expired> {
+        let (scope_filter, scope_key) = match scope {
+            None => ("", None),
+            Some(ClaimScope::Parent(parent_id)) => ("AND parent_id = ?2", Some(parent_id.as_str())),
+            Some(ClaimScope::Queue(queue)) => (
+                "AND parent_id IN (SELECT parent_id FROM parent WHERE queue = ?2 AND completed_at IS NULL)",
+                Some(queue.as_str()),
+            ),
+        };
+        let mut tx = self.held_tx().await?;
+        let moved: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "UPDATE child AS c SET \
+                 state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
+                              WHEN p.expired_lease = 'hold' THEN 'held' ELSE 'pending' END, \
+                 reason = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
+                               THEN 'attempts exhausted' ELSE c.reason END, \
+                 terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
+                                    THEN {now} ELSE c.terminal_at END, \
+                 previous_attempt = 'expired', changed_at = {now} \
+             FROM parent p \
+             WHERE p.parent_id = c.parent_id AND (c.parent_id, c.sequence) IN ( \
+                 SELECT parent_id, sequence FROM child \
+                 WHERE state = 'in_flight' AND lease_expires_at <= {now} {scope_filter} \
+                 ORDER BY lease_expires_at LIMIT ?1) \
+             RETURNING parent_id, state",
+            now = NOW
+        )))
+        .bind(batch)
+        .bind(scope_key)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut failures: BTreeMap<&str, Counted> = BTreeMap::new();
+        for (parent_id, _) in moved.iter().filter(|(_, state)| state == "failed") {
+            failures.entry(parent_id.as_str()).or_default().failed += 1;
+        }
+        let completed = bump_parents(&mut tx, &failures).await?;
+        let mut ended: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+        for (parent_id, state) in &moved {
+            let lane = ended.entry(parent_id.as_str()).or_default();
+            lane.0 += 1;
+            lane.1 += i64::from(state == "held");
+        }
+        count_unclaimed(&mut tx, &ended).await?;
+        let pending: BTreeSet<&str> = moved
+            .iter()
+            .filter(|(_, state)| state == "pending")
+            .map(|(parent_id, _)| parent_id.as_str())
+            .collect();
+        refresh_lanes(&mut tx, pending).await?;
+        tx.commit().await?;
+        Ok(Expired {
+            moved: moved.len() as u64,
+            completed,
+        })
+    }
+}
+
+impl SqliteStore {
     /// Leases up to `ask.limit` claimable children of one parent, lowest
     /// sequence first, and moves its lane.
     async fn claim_one(&self, parent_id: &ParentId, ask: &LaneAsk) -> StoreResult<LaneClaim> {
-        let mut tx = self.begin().await?;
-        let lane: Option<(Option<i64>, bool)> = sqlx::query_as(concat!(
-            "SELECT floor, coalesce(ready_at <= ",
-            now!(),
-            ", 0) FROM lane WHERE parent_id = ?1 \
-             AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
-        ))
-        .bind(parent_id.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
+        static LANE: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT floor, coalesce(ready_at <= {NOW}, 0) FROM lane WHERE parent_id = ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
+            )
+        });
+        let mut tx = self.held_tx().await?;
+        let lane: Option<(Option<i64>, bool)> = sqlx::query_as(LANE.as_str())
+            .bind(parent_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some((floor, due)) = lane else {
             return Ok(LaneClaim::default());
         };
@@ -151,7 +272,7 @@ impl SqliteStore {
             });
         }
         let sql = if due { &*CLAIM_WITH_DUE } else { &*CLAIM };
-        let rows = sqlx::query(AssertSqlSafe(sql.as_str()))
+        let rows = sqlx::query(sql.as_str())
             .bind(parent_id.as_str())
             .bind(ask.limit)
             .bind(ask.claim_id.to_string())
@@ -176,141 +297,5 @@ impl SqliteStore {
         let mut claim = LaneClaim::from_rows(std::slice::from_ref(ask), &rows)?.remove(0);
         claim.taken = true;
         Ok(claim)
-    }
-
-    pub async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<(u64, Option<DateTime<Utc>>)> {
-        let mut tx = self.begin().await?;
-        let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(concat!(
-            "UPDATE child SET lease_expires_at = ",
-            now!(" ?2 "),
-            " WHERE claim_id = ?1 AND state = 'in_flight' AND lease_expires_at > ",
-            now!(),
-            " RETURNING lease_expires_at"
-        ))
-        .bind(claim_id.to_string())
-        .bind(format!("+{lease_seconds} seconds"))
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok((rows.len() as u64, rows.into_iter().max()))
-    }
-
-    pub async fn release(
-        &self,
-        claim_id: Uuid,
-        children: Option<&[ChildRef]>,
-        delay_seconds: i64,
-    ) -> StoreResult<Vec<(String, u64)>> {
-        let named: Vec<(&str, i64)> = children
-            .unwrap_or_default()
-            .iter()
-            .map(|c| (c.parent_id.as_str(), c.sequence))
-            .collect();
-        let named = serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned());
-        let mut tx = self.begin().await?;
-        let released: Vec<String> = sqlx::query_scalar(concat!(
-            "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                 changed_at = ",
-            now!(),
-            ", available_at = CASE WHEN ?3 > 0 THEN ",
-            now!(" '+' || ?3 || ' seconds' "),
-            " END \
-             WHERE claim_id = ?1 AND state = 'in_flight' \
-               AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4))) \
-             RETURNING parent_id"
-        ))
-        .bind(claim_id.to_string())
-        .bind(children.is_none())
-        .bind(delay_seconds)
-        .bind(named)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut by_parent: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-        for parent_id in &released {
-            by_parent.entry(parent_id).or_default().0 += 1;
-        }
-        refresh_lanes(&mut tx, by_parent.keys().copied().collect::<BTreeSet<_>>()).await?;
-        count_unclaimed(&mut tx, &by_parent).await?;
-        tx.commit().await?;
-        Ok(by_parent
-            .into_iter()
-            .map(|(p, (n, _))| (p.to_owned(), n as u64))
-            .collect())
-    }
-
-    /// Returns a held child to pending; whether it did, and the child after.
-    pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<(bool, Option<Child>)> {
-        let mut tx = self.begin().await?;
-        let retried = sqlx::query(AssertSqlSafe(RETRY_HELD.as_str()))
-            .bind(parent_id.as_str())
-            .bind(sequence)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if retried == 1 {
-            refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
-            sqlx::query("UPDATE lane SET held_out = held_out + 1 WHERE parent_id = ?1")
-                .bind(parent_id.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let child = parents::child_in(&mut *tx, parent_id, sequence).await?;
-        tx.commit().await?;
-        Ok((retried == 1, child))
-    }
-
-    /// Moves up to `batch` children whose lease ran out, in `scope` or
-    /// everywhere. Returns how many, and the parents whose last child this failed.
-    pub async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<(u64, Vec<ParentId>)> {
-        let (scope_filter, scope_key) = match scope {
-            None => ("", None),
-            Some(ClaimScope::Parent(parent_id)) => ("AND parent_id = ?2", Some(parent_id.as_str())),
-            Some(ClaimScope::Queue(queue)) => (
-                "AND parent_id IN (SELECT parent_id FROM parent WHERE queue = ?2 AND completed_at IS NULL)",
-                Some(queue.as_str()),
-            ),
-        };
-        let mut tx = self.begin().await?;
-        let moved: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
-            "UPDATE child AS c SET \
-                 state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
-                              WHEN p.expired_lease = 'hold' THEN 'held' ELSE 'pending' END, \
-                 reason = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                               THEN 'attempts exhausted' ELSE c.reason END, \
-                 terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                                    THEN {now} ELSE c.terminal_at END, \
-                 previous_attempt = 'expired', changed_at = {now} \
-             FROM parent p \
-             WHERE p.parent_id = c.parent_id AND (c.parent_id, c.sequence) IN ( \
-                 SELECT parent_id, sequence FROM child \
-                 WHERE state = 'in_flight' AND lease_expires_at <= {now} {scope_filter} \
-                 ORDER BY lease_expires_at LIMIT ?1) \
-             RETURNING parent_id, state",
-            now = now!()
-        )))
-        .bind(batch)
-        .bind(scope_key)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut failures: BTreeMap<&str, Settled> = BTreeMap::new();
-        for (parent_id, _) in moved.iter().filter(|(_, state)| state == "failed") {
-            failures.entry(parent_id.as_str()).or_default().failed += 1;
-        }
-        let completed = bump_parents(&mut tx, &failures).await?;
-        let mut ended: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-        for (parent_id, state) in &moved {
-            let lane = ended.entry(parent_id.as_str()).or_default();
-            lane.0 += 1;
-            lane.1 += i64::from(state == "held");
-        }
-        count_unclaimed(&mut tx, &ended).await?;
-        let pending: BTreeSet<&str> = moved
-            .iter()
-            .filter(|(_, state)| state == "pending")
-            .map(|(parent_id, _)| parent_id.as_str())
-            .collect();
-        refresh_lanes(&mut tx, pending).await?;
-        tx.commit().await?;
-        Ok((moved.len() as u64, completed))
     }
 }

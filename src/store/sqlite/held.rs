@@ -106,6 +106,7 @@ impl DerefMut for Held {
 
 #[cfg(test)]
 mod tests {
+    use crate::store::backend::Connection as _;
     use std::time::{Duration, Instant};
 
     use crate::store::StoreOptions;
@@ -131,9 +132,9 @@ mod tests {
         for in_transaction in [true, false] {
             let work = async {
                 let mut held = if in_transaction {
-                    store.begin().await?
+                    store.held_tx().await?
                 } else {
-                    store.read().await?
+                    store.held_read().await?
                 };
                 sqlx::query(ENDLESS).execute(&mut *held).await?;
                 held.finish().await?;
@@ -142,9 +143,9 @@ mod tests {
             assert!(tokio::time::timeout(Duration::from_millis(300), work).await.is_err());
             let dropped = Instant::now();
             let mut held = if in_transaction {
-                store.begin().await.unwrap()
+                store.held_tx().await.unwrap()
             } else {
-                store.read().await.unwrap()
+                store.held_read().await.unwrap()
             };
             let one: i64 = sqlx::query_scalar("SELECT 1").fetch_one(&mut *held).await.unwrap();
             held.finish().await.unwrap();
@@ -154,9 +155,9 @@ mod tests {
             assert!(free < Duration::from_secs(2), "{free:?}");
         }
         // An interrupt on an idle connection touches nothing that follows.
-        let held = store.begin().await.unwrap();
+        let held = store.held_tx().await.unwrap();
         drop(held);
-        let mut tx = store.begin().await.unwrap();
+        let mut tx = store.held_tx().await.unwrap();
         sqlx::query("CREATE TABLE after_interrupt (x)")
             .execute(&mut *tx)
             .await

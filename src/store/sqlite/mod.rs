@@ -2,16 +2,16 @@
 //! transaction that takes the write lock up front (`BEGIN IMMEDIATE`), so two
 //! claimers can never take the same child and no writer ever sees "database is
 //! locked"; reads use their own pool and, in WAL mode, never wait for writes.
-//! This file holds the pools; the statements live by resource.
+//! This file holds the pools, the dialect and how statements run; the
+//! statements whose shape is SQLite's own live by resource.
 
-pub(super) mod claims;
+mod claims;
 mod held;
-pub(super) mod outcomes;
-pub(super) mod parents;
-pub(super) mod reconcile;
-pub(super) mod reconcile_jobs;
+mod outcomes;
+mod parents;
+mod reconcile;
 mod rows;
-pub(super) mod webhooks;
+mod webhooks;
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::str::FromStr;
@@ -19,22 +19,64 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Sqlite, SqlitePool};
 
-use super::{PoolStats, StoreOptions, StoreResult};
+use super::backend::{Connection, Row, Transaction};
+use super::statement::{Dialect, Statement, Value};
+use super::{PoolStats, StoreOptions, StoreResult, sql};
 use held::Held;
 
 /// The database clock, as RFC 3339 UTC text with milliseconds.
-macro_rules! now {
-    () => {
-        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-    };
-    ($modifier:literal) => {
-        concat!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ", $modifier, ")")
-    };
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// The database clock `modifier` (an expression of a `strftime` modifier,
+/// such as `'+5 seconds'`) from now.
+fn now_by(modifier: &str) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', {modifier})")
 }
-use now;
+
+/// The words SQLite writes its shared statements with.
+static SQLITE: Dialect = Dialect {
+    slot: 1,
+    now: NOW,
+    minute: MINUTE,
+    epoch: "((julianday('now') - 2440587.5) * 86400.0)",
+    for_update: "",
+    skip_locked: "",
+    greatest: "max",
+    later: |p| now_by(&format!("'+' || {p} || ' seconds'")),
+    ago: |p| now_by(&format!("'-' || {p} || ' seconds'")),
+    json: |p| p.to_owned(),
+    json_push: |column, p| format!("json_insert({column}, '$[#]', json({p}))"),
+    json_length: |column| format!("json_array_length({column})"),
+    within: sql::within_sqlite,
+};
+
+/// A statement's text and values as sqlx runs them on SQLite, which keeps
+/// times and uuids as text.
+fn query(sql: &'static str, values: &[Value<'_>]) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    let mut query = sqlx::query(sql);
+    for value in values {
+        query = match *value {
+            Value::Text(v) => query.bind(v),
+            Value::Int(v) => query.bind(v),
+            Value::Int32(v) => query.bind(v),
+            Value::Float(v) => query.bind(v),
+            Value::Bool(v) => query.bind(v),
+            Value::Time(v) => query.bind(v.map(rows::time_param)),
+            Value::Uuid(v) => query.bind(v.map(|u| u.to_string())),
+        };
+    }
+    query
+}
+
+fn boxed(rows: Vec<SqliteRow>) -> Vec<Row> {
+    rows.into_iter().map(|row| Box::new(row) as Row).collect()
+}
 
 /// A transaction on a held connection: dropped unfinished, its statement is interrupted.
 pub(super) type SqliteTx = Held;
@@ -180,13 +222,14 @@ impl SqliteStore {
         })
     }
 
-    pub(super) async fn begin(&self) -> StoreResult<SqliteTx> {
+    /// A write transaction on the writer connection, holding the write lock.
+    pub(super) async fn held_tx(&self) -> StoreResult<SqliteTx> {
         Ok(Held::begin(&self.writer, "BEGIN IMMEDIATE").await?)
     }
 
     /// A connection for one read that may scan (a page of parents with their
     /// counts, a drift page): its statement ends if the request is dropped.
-    pub(super) async fn read(&self) -> StoreResult<Held> {
+    pub(super) async fn held_read(&self) -> StoreResult<Held> {
         Ok(Held::acquire(&self.readers).await?)
     }
 
@@ -194,7 +237,7 @@ impl SqliteStore {
     /// both find them unapplied and the second would fail on the first's
     /// tables: an exclusive lock on a file beside the database makes one wait
     /// for the other, which then finds everything applied.
-    pub async fn migrate(&self) -> anyhow::Result<()> {
+    async fn run_migrations(&self) -> anyhow::Result<()> {
         let _held = match &self.migration_lock {
             Some(path) => {
                 let path = path.clone();
@@ -217,18 +260,24 @@ impl SqliteStore {
         self.watchdog.arm();
         Ok(())
     }
+}
 
-    pub async fn ping(&self) -> StoreResult<()> {
+#[async_trait]
+impl Connection for SqliteStore {
+    fn dialect(&self) -> &'static Dialect {
+        &SQLITE
+    }
+
+    fn migrate(&self) -> futures::future::LocalBoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(self.run_migrations())
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.readers).await?;
         Ok(())
     }
 
-    /// Nothing to refresh: SQLite plans every statement afresh.
-    pub async fn after_bulk_write(&self, _rows_written: i64) -> StoreResult<()> {
-        Ok(())
-    }
-
-    pub fn pool_stats(&self) -> Vec<PoolStats> {
+    fn pool_stats(&self) -> Vec<PoolStats> {
         [("sqlite_writer", &self.writer), ("sqlite_readers", &self.readers)]
             .into_iter()
             .map(|(name, pool)| PoolStats {
@@ -238,6 +287,58 @@ impl SqliteStore {
                 max: pool.options().get_max_connections(),
             })
             .collect()
+    }
+
+    async fn begin(&self) -> StoreResult<Box<dyn Transaction>> {
+        Ok(Box::new(self.held_tx().await?))
+    }
+
+    async fn fetch(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let rows = query(statement.sql, &statement.values).fetch_all(&self.readers).await?;
+        Ok(boxed(rows))
+    }
+
+    async fn scan(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let mut conn = self.held_read().await?;
+        let rows = query(statement.sql, &statement.values).fetch_all(&mut *conn).await?;
+        conn.finish().await?;
+        Ok(boxed(rows))
+    }
+
+    /// On the writer, under the write lock taken up front, like every write.
+    async fn write(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let mut tx = self.held_tx().await?;
+        let rows = query(statement.sql, &statement.values).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(boxed(rows))
+    }
+
+    async fn execute(&self, statement: Statement<'_>) -> StoreResult<u64> {
+        let mut tx = self.held_tx().await?;
+        let done = query(statement.sql, &statement.values).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[async_trait]
+impl Transaction for Held {
+    fn dialect(&self) -> &'static Dialect {
+        &SQLITE
+    }
+
+    async fn fetch(&mut self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let rows = query(statement.sql, &statement.values).fetch_all(&mut **self).await?;
+        Ok(boxed(rows))
+    }
+
+    async fn execute(&mut self, statement: Statement<'_>) -> StoreResult<u64> {
+        let done = query(statement.sql, &statement.values).execute(&mut **self).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit(self: Box<Self>) -> StoreResult<()> {
+        Ok(Held::commit(*self).await?)
     }
 }
 

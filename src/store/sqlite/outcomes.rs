@@ -4,12 +4,15 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
+use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
-use super::{SqliteStore, SqliteTx, now};
+use super::{NOW, SqliteStore, SqliteTx};
 use crate::ledger::{OutcomeWrite, ParentId};
-use crate::store::rows::{Applied, LoserFacts, parse_column};
+use crate::store::backend::{LoserWrites, Outbox, Outcomes};
+use crate::store::reports::{Applied, LoserFacts};
+use crate::store::rows::parse_column;
 use crate::store::{StoreResult, sql};
 
 /// The guarded UPDATE only touches non-terminal rows of decomposed parents:
@@ -27,7 +30,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
            AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
            AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
          RETURNING parent_id, sequence, state, settled_from",
-        now = now!(),
+        now = NOW,
         credited = sql::credited_attempt("j.claim_id"),
         fenced = sql::fence_admits("j.claim_id")
     )
@@ -39,7 +42,7 @@ static COMPLETE_PARENT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE parent AS p SET completed_at = {now} \
          WHERE p.parent_id = ?1 AND p.completed_at IS NULL AND {complete} RETURNING parent_id",
-        now = now!(),
+        now = NOW,
         complete = sql::parent_complete("p")
     )
 });
@@ -53,20 +56,21 @@ static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
                  ORDER BY key DESC LIMIT {keep}) ORDER BY key)) \
          WHERE c.parent_id = ?1 AND c.sequence = ?2",
         attempt = sql::attempt_of("?5"),
-        now = now!(),
+        now = NOW,
         keep = crate::ledger::outcome::CONFLICTS_KEPT
     )
 });
 
-impl SqliteStore {
+#[async_trait]
+impl Outcomes for SqliteStore {
     /// Records the writes that win, and their parents' counters, in one transaction.
-    pub async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
-        let mut tx = self.begin().await?;
-        let won: Vec<(String, i64, String, String)> = sqlx::query_as(AssertSqlSafe(APPLY_OUTCOMES.as_str()))
+    async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
+        let mut tx = self.held_tx().await?;
+        let won: Vec<(String, i64, String, String)> = sqlx::query_as(APPLY_OUTCOMES.as_str())
             .bind(outcomes_json(writes))
             .fetch_all(&mut *tx)
             .await?;
-        let mut deltas: BTreeMap<&str, Settled> = BTreeMap::new();
+        let mut deltas: BTreeMap<&str, Counted> = BTreeMap::new();
         for (parent_id, _, state, from) in &won {
             let delta = deltas.entry(parent_id.as_str()).or_default();
             match state.as_str() {
@@ -95,7 +99,7 @@ impl SqliteStore {
 /// A parent's children that went terminal in one statement: by outcome, and
 /// how many of them were in flight or held before (for its open counts).
 #[derive(Debug, Default)]
-pub(super) struct Settled {
+pub(super) struct Counted {
     pub processed: i64,
     pub failed: i64,
     pub skipped: i64,
@@ -105,7 +109,7 @@ pub(super) struct Settled {
 
 /// Adds terminal counts to parents' projections and completes those whose last
 /// child went terminal. Returns the parents this completed.
-pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Settled>) -> StoreResult<Vec<ParentId>> {
+pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Counted>) -> StoreResult<Vec<ParentId>> {
     let mut completed = Vec::new();
     for (parent_id, delta) in deltas {
         static BUMP: LazyLock<String> = LazyLock::new(|| {
@@ -113,11 +117,11 @@ pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Sett
                 "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
                  settled_in_flight = settled_in_flight + ?5, settled_held = settled_held + ?6, \
                  last_progress_at = {now}, {minute} WHERE parent_id = ?1",
-                now = now!(),
+                now = NOW,
                 minute = sql::count_minute("", super::MINUTE, "?2", "?3")
             )
         });
-        sqlx::query(AssertSqlSafe(BUMP.as_str()))
+        sqlx::query(BUMP.as_str())
             .bind(parent_id)
             .bind(delta.processed)
             .bind(delta.failed)
@@ -126,52 +130,53 @@ pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Sett
             .bind(delta.from_held)
             .execute(&mut **tx)
             .await?;
-        let done: Option<String> = sqlx::query_scalar(AssertSqlSafe(COMPLETE_PARENT.as_str()))
+        let done: Option<String> = sqlx::query_scalar(COMPLETE_PARENT.as_str())
             .bind(parent_id)
             .fetch_optional(&mut **tx)
             .await?;
         completed.extend(done.map(ParentId::from_ledger));
     }
     // Their webhook events, in the transaction that completed them.
-    super::webhooks::enqueue_completed(tx, &completed).await?;
+    tx.enqueue_completed(&completed).await?;
     Ok(completed)
 }
 
-/// What the ledger holds for each losing write's child, in input order.
-pub(in crate::store) async fn loser_facts(tx: &mut SqliteTx, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
-    let named: Vec<(&str, i64, Option<String>)> = losers
-        .iter()
-        .map(|w| (w.parent_id.as_str(), w.sequence, w.claim_id.map(|c| c.to_string())))
-        .collect();
-    let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
-        "(SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS claim_id \
+#[async_trait]
+impl LoserWrites for SqliteTx {
+    async fn loser_facts(&mut self, losers: &[&OutcomeWrite]) -> StoreResult<Vec<LoserFacts>> {
+        let named: Vec<(&str, i64, Option<String>)> = losers
+            .iter()
+            .map(|w| (w.parent_id.as_str(), w.sequence, w.claim_id.map(|c| c.to_string())))
+            .collect();
+        let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+            "(SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS claim_id \
           FROM json_each($1)) AS u",
-    )))
-    .bind(serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned()))
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut facts = vec![LoserFacts::default(); losers.len()];
-    for (i, decomposed, state, admitted) in rows {
-        facts[i as usize] = LoserFacts {
-            parent_decomposed: decomposed,
-            state: state.as_deref().map(parse_column).transpose()?,
-            fenced_out: !admitted,
-        };
-    }
-    Ok(facts)
-}
-
-/// Keeps a losing outcome write in the child's conflict log.
-pub(in crate::store) async fn log_conflict(tx: &mut SqliteTx, write: &OutcomeWrite) -> StoreResult<()> {
-    sqlx::query(AssertSqlSafe(LOG_CONFLICT.as_str()))
-        .bind(write.parent_id.as_str())
-        .bind(write.sequence)
-        .bind(write.outcome.as_str())
-        .bind(write.reason.as_deref())
-        .bind(write.claim_id.map(|c| c.to_string()))
-        .execute(&mut **tx)
+        )))
+        .bind(serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned()))
+        .fetch_all(&mut **self)
         .await?;
-    Ok(())
+        let mut facts = vec![LoserFacts::default(); losers.len()];
+        for (i, decomposed, state, admitted) in rows {
+            facts[i as usize] = LoserFacts {
+                parent_decomposed: decomposed,
+                state: state.as_deref().map(parse_column).transpose()?,
+                fenced_out: !admitted,
+            };
+        }
+        Ok(facts)
+    }
+
+    async fn log_conflict(&mut self, write: &OutcomeWrite) -> StoreResult<()> {
+        sqlx::query(LOG_CONFLICT.as_str())
+            .bind(write.parent_id.as_str())
+            .bind(write.sequence)
+            .bind(write.outcome.as_str())
+            .bind(write.reason.as_deref())
+            .bind(write.claim_id.map(|c| c.to_string()))
+            .execute(&mut **self)
+            .await?;
+        Ok(())
+    }
 }
 
 /// Outcome writes as one JSON array of

@@ -5,12 +5,9 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
-use crate::store::rows::{LedgerRow, row_columns};
-pub(super) use crate::store::rows::{child, parent};
+use crate::store::rows::DialectRow;
 
-impl LedgerRow for SqliteRow {
-    row_columns!();
-
+impl DialectRow for SqliteRow {
     fn json(&self, column: &str) -> Result<Option<Value>, sqlx::Error> {
         let text: Option<String> = self.try_get(column)?;
         text.map(|t| serde_json::from_str(&t).map_err(|e| sqlx::Error::Decode(e.into())))
@@ -31,7 +28,7 @@ impl LedgerRow for SqliteRow {
 }
 
 /// A time as a statement parameter, written as the SQLite ledger writes its
-/// times (`now!()`: milliseconds, `Z`), so text comparison orders them.
-pub(crate) fn time_param(time: chrono::DateTime<chrono::Utc>) -> String {
+/// times (`NOW`: milliseconds, `Z`), so text comparison orders them.
+pub(super) fn time_param(time: chrono::DateTime<chrono::Utc>) -> String {
     time.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }

@@ -1,0 +1,134 @@
+//! Statements as data: SQL text with its values in bind order, so a
+//! statement both dialects write alike is written once and run by either
+//! backend (`Backend::fetch`, `Transaction::execute`, ...).
+//!
+//! Where the dialects differ only in a few words (the clock, a lock, a JSON
+//! function, the queue-scope test) a statement is built from the dialect's
+//! fragments (`Dialect`) once per dialect (`Sql`). Where they differ in shape
+//! (arrays against `json_each`, one statement against several), the
+//! statement is a method of the backend traits instead (`backend.rs`).
+
+use std::sync::OnceLock;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// One value bound to a statement. Each backend binds each kind its own way
+/// (SQLite keeps times and uuids as text); every kind keeps its Rust type, so
+/// Postgres infers the same parameter types as for a typed bind.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Value<'a> {
+    Text(Option<&'a str>),
+    Int(Option<i64>),
+    Int32(Option<i32>),
+    Float(Option<f64>),
+    Bool(bool),
+    Time(Option<DateTime<Utc>>),
+    Uuid(Option<Uuid>),
+}
+
+/// SQL text and its values, `$1` first.
+#[derive(Debug, Clone)]
+pub(crate) struct Statement<'a> {
+    pub sql: &'static str,
+    pub values: Vec<Value<'a>>,
+}
+
+impl<'a> Statement<'a> {
+    pub fn new(sql: &'static str) -> Self {
+        Self {
+            sql,
+            values: Vec::new(),
+        }
+    }
+
+    pub fn text(mut self, value: impl Into<Option<&'a str>>) -> Self {
+        self.values.push(Value::Text(value.into()));
+        self
+    }
+
+    pub fn int(mut self, value: impl Into<Option<i64>>) -> Self {
+        self.values.push(Value::Int(value.into()));
+        self
+    }
+
+    pub fn int32(mut self, value: impl Into<Option<i32>>) -> Self {
+        self.values.push(Value::Int32(value.into()));
+        self
+    }
+
+    pub fn float(mut self, value: impl Into<Option<f64>>) -> Self {
+        self.values.push(Value::Float(value.into()));
+        self
+    }
+
+    pub fn bool(mut self, value: bool) -> Self {
+        self.values.push(Value::Bool(value));
+        self
+    }
+
+    pub fn time(mut self, value: impl Into<Option<DateTime<Utc>>>) -> Self {
+        self.values.push(Value::Time(value.into()));
+        self
+    }
+
+    pub fn uuid(mut self, value: impl Into<Option<Uuid>>) -> Self {
+        self.values.push(Value::Uuid(value.into()));
+        self
+    }
+}
+
+/// What differs between the two SQL dialects in the statements they share,
+/// as words to build statements from.
+#[derive(Debug)]
+pub(crate) struct Dialect {
+    /// `Sql`'s slot for this dialect's texts.
+    pub(super) slot: usize,
+    /// The database clock.
+    pub now: &'static str,
+    /// The current minute since the epoch, by the database clock.
+    pub minute: &'static str,
+    /// The database clock in seconds since the epoch, as a float.
+    pub epoch: &'static str,
+    /// Appended to a read that locks the rows it reads until the transaction
+    /// ends (SQLite's write transaction already holds its one lock).
+    pub for_update: &'static str,
+    /// Appended to a subquery picking rows another transaction may be taking.
+    pub skip_locked: &'static str,
+    /// The larger of two values.
+    pub greatest: &'static str,
+    /// The clock `param` seconds (a float parameter) from now.
+    pub later: fn(param: &str) -> String,
+    /// The clock `param` seconds ago.
+    pub ago: fn(param: &str) -> String,
+    /// JSON text `param` as a value of a `json` column.
+    pub json: fn(param: &str) -> String,
+    /// A JSON array column with JSON text `param` appended to it.
+    pub json_push: fn(column: &str, param: &str) -> String,
+    /// The length of a JSON array column.
+    pub json_length: fn(column: &str) -> String,
+    /// `QueueScope::allows` for parent `p`'s queue, the scope bound as
+    /// `QueueScope::as_json` text `param` (`sql::within_postgres`, `within_sqlite`).
+    pub within: fn(param: &str) -> String,
+}
+
+/// A shared statement: its text, built from each dialect's fragments the
+/// first time that dialect runs it.
+pub(crate) struct Sql {
+    build: fn(&Dialect) -> String,
+    texts: [OnceLock<String>; 2],
+}
+
+impl Sql {
+    pub const fn new(build: fn(&Dialect) -> String) -> Self {
+        Self {
+            build,
+            texts: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// The statement's text in `dialect`.
+    pub fn of(&'static self, dialect: &Dialect) -> &'static str {
+        self.texts[dialect.slot].get_or_init(|| (self.build)(dialect))
+    }
+}
