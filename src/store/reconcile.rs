@@ -2,6 +2,7 @@
 //! difference and repair it. When they disagree, the rows win.
 
 use super::backend::{DriftQuery, Transaction};
+use super::reconcile_jobs::{JobMark, record_drift};
 use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult, registration, sql};
 use crate::ledger::projection::{self, CompletionRepair, DerivedProjection, Open, StoredProjection, Tally};
@@ -51,14 +52,6 @@ static REPAIR_CLEAR: Sql = Sql::new(|_| repair("NULL"));
 const REPAIR_LANE: &str =
     "UPDATE lane SET claimed = $2, unclaimed = 0, held_in = $3, held_out = 0 WHERE parent_id = $1";
 
-/// A drifted parent to count in a background job, in the same transaction
-/// that repairs it (see `reconcile_jobs`).
-pub(super) struct JobMark<'a> {
-    pub job_id: uuid::Uuid,
-    pub owner: &'a str,
-    pub position: i64,
-}
-
 impl Store {
     pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> StoreResult<ReconcileReport> {
         self.reconcile_marked(parent_id, dry_run, None)
@@ -99,7 +92,7 @@ impl Store {
             && !report.changes.is_empty()
         {
             let json = serde_json::to_string(&report).expect("a report serializes");
-            if !super::reconcile_jobs::record_drift(&mut *tx, &mark, apply, &json).await? {
+            if !record_drift(&mut *tx, &mark, apply, &json).await? {
                 // Rolled back: the job is another worker's now, or this parent was counted already.
                 return Ok(None);
             }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::backend::{DriftQuery, Transaction};
-use super::reconcile::JobMark;
 use super::rows::LedgerRow;
 use super::statement::{Dialect, Sql, Statement};
 use super::{Store, StoreError, StoreResult};
@@ -163,6 +162,14 @@ impl JobRow {
             updated_at: self.updated_at,
         })
     }
+}
+
+/// A drifted parent to count in a background job, in the same transaction
+/// that repairs it .
+pub(super) struct JobMark<'a> {
+    pub job_id: uuid::Uuid,
+    pub owner: &'a str,
+    pub position: i64,
 }
 
 /// A job this process holds the lease of, with where it is.
