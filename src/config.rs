@@ -61,6 +61,26 @@ pub enum Command {
         #[arg(long)]
         apply: bool,
     },
+    /// Completion webhooks: the per-queue signing secrets.
+    Webhook {
+        #[command(subcommand)]
+        command: WebhookCommand,
+    },
+}
+
+/// What a webhook receiver needs.
+#[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// Print the secret that signs one queue's completion events (`whsec_`
+    /// and base64), derived from `--webhook-secret`: give it to that queue's
+    /// receiver, which verifies with it as with any Standard Webhooks secret.
+    #[command(after_help = "Examples:\n  \
+        LEDGER_WEBHOOK_SECRET=whsec_... child-ledger webhook secret --queue events")]
+    Secret {
+        /// The queue whose events the receiver takes.
+        #[arg(long, value_parser = parse_queue)]
+        queue: crate::ledger::QueueName,
+    },
 }
 
 fn parse_queue(queue: &str) -> Result<crate::ledger::QueueName, String> {
@@ -293,14 +313,17 @@ pub struct Limits {
     /// fewer children rather than exceed it (`next_after` goes on from there).
     #[arg(long, env = "LEDGER_MAX_RESPONSE_BYTES", default_value_t = 16 * 1024 * 1024, global = true)]
     pub max_response_bytes: usize,
-    /// Hosts a parent's `webhook_url` may name, comma-separated: `host`,
-    /// `host:port` or `*.domain`. Default none: a `webhook_url` is refused.
+    /// Where a parent's `webhook_url` may point, comma-separated: host names
+    /// (`host`, `*.domain`, each with an optional `:port`), and addresses or
+    /// networks (`10.1.2.3`, `10.0.0.0/8:9000`, `[fd00::/8]`) that may be
+    /// named literally or reached although not public (loopback, private,
+    /// link-local, ...). Default none: a `webhook_url` is refused.
     #[arg(long, env = "LEDGER_WEBHOOK_ALLOW_HOSTS", default_value = "", value_parser = parse_allow_hosts, global = true)]
     pub webhook_allow_hosts: AllowHosts,
 }
 
 fn parse_allow_hosts(list: &str) -> Result<AllowHosts, String> {
-    Ok(AllowHosts::parse(list))
+    AllowHosts::parse(list)
 }
 
 impl Limits {
@@ -349,7 +372,9 @@ impl Default for Limits {
 /// The completion webhook sender (README, "Webhooks").
 #[derive(Debug, Clone, Parser)]
 pub struct WebhookConfig {
-    /// Key of the webhook signatures: `whsec_` and base64. Required when
+    /// Master key of the webhook signatures: `whsec_` and base64. Each
+    /// queue's events are signed with a key derived from it (`child-ledger
+    /// webhook secret --queue Q` prints it). Required when
     /// `--webhook-allow-hosts` names any host; never shown nor logged.
     #[arg(long, env = "LEDGER_WEBHOOK_SECRET", hide_env_values = true, value_parser = parse_secret, global = true)]
     pub webhook_secret: Option<WebhookSecret>,

@@ -7,7 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 use child_ledger::access::{self, Access, Role};
 use child_ledger::api::until_ready;
-use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
+use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand, WebhookCommand};
 use child_ledger::server::ServeOptions;
 use child_ledger::store::{Store, StoreOptions, backend_of, permanent_connect_error};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, prune_complete_parents, reap_expired_leases};
@@ -24,6 +24,9 @@ async fn main() -> anyhow::Result<()> {
             child_ledger::cli::migrate(&cli.config.database_url, &cli.config.store_options()?).await
         }
         Some(Command::Openapi) => child_ledger::cli::openapi(),
+        Some(Command::Webhook {
+            command: WebhookCommand::Secret { queue },
+        }) => child_ledger::cli::webhook_secret(&cli.config.webhooks, &queue),
         Some(Command::Reconcile { queue, apply }) => {
             let options = cli.config.store_options()?;
             child_ledger::cli::reconcile(&cli.config.database_url, &options, queue.as_ref(), apply).await
