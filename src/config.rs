@@ -465,6 +465,21 @@ mod tests {
     }
 
     #[test]
+    fn webhook_secret_takes_a_queue() {
+        let cli = Cli::try_parse_from(["child-ledger", "webhook", "secret", "--queue", "events"]).unwrap();
+        let Some(Command::Webhook {
+            command: WebhookCommand::Secret { queue },
+        }) = cli.command
+        else {
+            panic!("not webhook secret");
+        };
+        assert_eq!(queue.as_str(), "events");
+        assert!(Cli::try_parse_from(["child-ledger", "webhook", "secret", "--queue", "Bad"]).is_err());
+        assert!(Cli::try_parse_from(["child-ledger", "webhook", "secret"]).is_err());
+        assert!(Cli::try_parse_from(["child-ledger", "--webhook-allow-hosts", "0x7f.1"]).is_err());
+    }
+
+    #[test]
     fn serve_subcommand_is_accepted() {
         let cli = Cli::try_parse_from(["child-ledger", "serve", "--listen", "0.0.0.0:9000"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Serve)));
