@@ -185,6 +185,9 @@ pub enum AuthFailure {
     Missing,
     /// An `Authorization` header that is not `Bearer <token>`.
     Malformed,
+    /// More than one `Authorization` header: which one counts would be a
+    /// guess (a proxy and the service could each take a different one).
+    Repeated,
     /// A bearer token that is in no entry.
     Unknown,
 }
@@ -195,6 +198,7 @@ impl AuthFailure {
         match self {
             AuthFailure::Missing => "this operation needs a token: send `Authorization: Bearer <token>`",
             AuthFailure::Malformed => "the Authorization header is not `Bearer <token>`",
+            AuthFailure::Repeated => "send one Authorization header: this request has several",
             AuthFailure::Unknown => "the bearer token is not known to this service",
         }
     }
@@ -203,7 +207,9 @@ impl AuthFailure {
     pub fn challenge(self) -> &'static str {
         match self {
             AuthFailure::Missing => "Bearer realm=\"child-ledger\"",
-            AuthFailure::Malformed => "Bearer realm=\"child-ledger\", error=\"invalid_request\"",
+            AuthFailure::Malformed | AuthFailure::Repeated => {
+                "Bearer realm=\"child-ledger\", error=\"invalid_request\""
+            }
             AuthFailure::Unknown => "Bearer realm=\"child-ledger\", error=\"invalid_token\"",
         }
     }
@@ -212,6 +218,7 @@ impl AuthFailure {
         match self {
             AuthFailure::Missing => "missing",
             AuthFailure::Malformed => "malformed",
+            AuthFailure::Repeated => "repeated",
             AuthFailure::Unknown => "unknown",
         }
     }
@@ -259,12 +266,17 @@ impl Access {
         Ok(count)
     }
 
-    /// Who a request's `Authorization` header names.
-    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Grant>, AuthFailure> {
+    /// Who a request's `Authorization` header names, given the value of
+    /// each it has: exactly one is taken.
+    pub fn authenticate(&self, authorization: &[&[u8]]) -> Result<Arc<Grant>, AuthFailure> {
         let Some(current) = &self.tokens else {
             return Ok(Grant::anonymous());
         };
-        let header = authorization.ok_or(AuthFailure::Missing)?;
+        let header = match authorization {
+            [] => return Err(AuthFailure::Missing),
+            [header] => *header,
+            _ => return Err(AuthFailure::Repeated),
+        };
         let token = bearer_token(header).ok_or(AuthFailure::Malformed)?;
         let tokens = Arc::clone(&current.read().unwrap_or_else(|e| e.into_inner()));
         tokens.find(token).ok_or(AuthFailure::Unknown)
@@ -374,11 +386,15 @@ mod tests {
     #[test]
     fn an_open_service_lets_anyone_do_anything() {
         let access = Access::open();
-        let grant = access.authenticate(None).unwrap();
+        let grant = access.authenticate(&[]).unwrap();
         assert!(grant.may(Role::Admin) && grant.queues.is_every());
         let closed = Access::from_tokens(TokenSet::default());
-        assert_eq!(closed.authenticate(None), Err(AuthFailure::Missing));
-        assert_eq!(closed.authenticate(Some(b"Token x")), Err(AuthFailure::Malformed));
-        assert_eq!(closed.authenticate(Some(b"Bearer x")), Err(AuthFailure::Unknown));
+        assert_eq!(closed.authenticate(&[]), Err(AuthFailure::Missing));
+        assert_eq!(closed.authenticate(&[b"Token x"]), Err(AuthFailure::Malformed));
+        assert_eq!(closed.authenticate(&[b"Bearer x"]), Err(AuthFailure::Unknown));
+        assert_eq!(
+            closed.authenticate(&[b"Bearer x", b"Bearer y"]),
+            Err(AuthFailure::Repeated)
+        );
     }
 }

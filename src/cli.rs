@@ -1,5 +1,5 @@
 //! The one-shot subcommands: `migrate`, `openapi` and `reconcile`, each run
-//! against the configured database and then exit.
+//! against the configured database and then exit, and `webhook secret`.
 
 use std::io::{IsTerminal, Write};
 
@@ -25,6 +25,18 @@ pub async fn migrate(database_url: &str, options: &StoreOptions) -> anyhow::Resu
     let store = connect(database_url, options).await?;
     store.migrate().await.context("applying migrations")?;
     eprintln!("migrations applied ({})", store.backend());
+    Ok(())
+}
+
+/// `webhook secret --queue Q`: the secret that signs `queue`'s events on
+/// stdout, what to do with it on stderr.
+pub fn webhook_secret(config: &crate::config::WebhookConfig, queue: &QueueName) -> anyhow::Result<()> {
+    let master = config
+        .webhook_secret
+        .as_ref()
+        .context("give the master secret as --webhook-secret or LEDGER_WEBHOOK_SECRET (whsec_ and base64)")?;
+    eprintln!("The secret that signs the completion events of queue {queue} (give it to that queue's receivers only):");
+    println!("{}", master.for_queue(queue.as_str()).to_whsec());
     Ok(())
 }
 

@@ -60,6 +60,26 @@ pub enum Command {
         #[arg(long)]
         apply: bool,
     },
+    /// Completion webhooks: the per-queue signing secrets.
+    Webhook {
+        #[command(subcommand)]
+        command: WebhookCommand,
+    },
+}
+
+/// What a webhook receiver needs.
+#[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// Print the secret that signs one queue's completion events (`whsec_`
+    /// and base64), derived from `--webhook-secret`: give it to that queue's
+    /// receiver, which verifies with it as with any Standard Webhooks secret.
+    #[command(after_help = "Examples:\n  \
+        LEDGER_WEBHOOK_SECRET=whsec_... child-ledger webhook secret --queue events")]
+    Secret {
+        /// The queue whose events the receiver takes.
+        #[arg(long, value_parser = parse_queue)]
+        queue: crate::ledger::QueueName,
+    },
 }
 
 fn parse_queue(queue: &str) -> Result<crate::ledger::QueueName, String> {
@@ -241,7 +261,9 @@ pub enum LogFormat {
 /// The completion webhook sender (README, "Webhooks").
 #[derive(Debug, Clone, Parser)]
 pub struct WebhookConfig {
-    /// Key of the webhook signatures: `whsec_` and base64. Required when
+    /// Master key of the webhook signatures: `whsec_` and base64. Each
+    /// queue's events are signed with a key derived from it (`child-ledger
+    /// webhook secret --queue Q` prints it). Required when
     /// `--webhook-allow-hosts` names any host; never shown nor logged.
     #[arg(long, env = "LEDGER_WEBHOOK_SECRET", hide_env_values = true, value_parser = parse_secret, global = true)]
     pub webhook_secret: Option<WebhookSecret>,
@@ -268,6 +290,7 @@ impl WebhookConfig {
             schedule: self.webhook_retry_schedule_ms.clone().unwrap_or_default(),
             poll: Duration::from_millis(self.webhook_poll_ms),
             timeout: Duration::from_millis(self.webhook_timeout_ms),
+            resolver: std::sync::Arc::new(crate::jobs::SystemResolver),
         })
     }
 }
@@ -343,6 +366,21 @@ mod tests {
             "a role is required"
         );
         assert!(!Cli::try_parse_from(["child-ledger"]).unwrap().config.allow_anonymous);
+    }
+
+    #[test]
+    fn webhook_secret_takes_a_queue() {
+        let cli = Cli::try_parse_from(["child-ledger", "webhook", "secret", "--queue", "events"]).unwrap();
+        let Some(Command::Webhook {
+            command: WebhookCommand::Secret { queue },
+        }) = cli.command
+        else {
+            panic!("not webhook secret");
+        };
+        assert_eq!(queue.as_str(), "events");
+        assert!(Cli::try_parse_from(["child-ledger", "webhook", "secret", "--queue", "Bad"]).is_err());
+        assert!(Cli::try_parse_from(["child-ledger", "webhook", "secret"]).is_err());
+        assert!(Cli::try_parse_from(["child-ledger", "--webhook-allow-hosts", "0x7f.1"]).is_err());
     }
 
     #[test]

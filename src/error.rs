@@ -27,6 +27,8 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("the request line and headers are larger than {limit} bytes")]
+    HeadTooLarge { limit: usize },
     #[error("{}", .0.explain())]
     Unauthenticated(AuthFailure),
     #[error("{0}")]
@@ -103,6 +105,7 @@ impl ApiError {
             Self::InvalidField { status, .. } => *status,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
@@ -132,6 +135,7 @@ impl ApiError {
             Self::InvalidField { .. } => "invalid-field",
             Self::UnsupportedMediaType(_) => "unsupported-media-type",
             Self::BodyTooLarge { .. } => "body-too-large",
+            Self::HeadTooLarge { .. } => "head-too-large",
             Self::Unauthenticated(_) => "unauthenticated",
             Self::Forbidden(_) => "forbidden",
             Self::NotFound(_) => "not-found",
@@ -161,6 +165,7 @@ impl ApiError {
             Self::InvalidField { .. } => "Invalid field",
             Self::UnsupportedMediaType(_) => "Unsupported media type",
             Self::BodyTooLarge { .. } => "Request body too large",
+            Self::HeadTooLarge { .. } => "Request header fields too large",
             Self::Unauthenticated(_) => "Authentication required",
             Self::Forbidden(_) => "Forbidden",
             Self::NotFound(_) => "Not found",

@@ -63,14 +63,17 @@ pub struct Limits {
     /// fewer children rather than exceed it (`next_after` goes on from there).
     #[arg(long, env = "LEDGER_MAX_RESPONSE_BYTES", default_value_t = 16 * 1024 * 1024, global = true)]
     pub max_response_bytes: usize,
-    /// Hosts a parent's `webhook_url` may name, comma-separated: `host`,
-    /// `host:port` or `*.domain`. Default none: a `webhook_url` is refused.
+    /// Where a parent's `webhook_url` may point, comma-separated: host names
+    /// (`host`, `*.domain`, each with an optional `:port`), and addresses or
+    /// networks (`10.1.2.3`, `10.0.0.0/8:9000`, `[fd00::/8]`) that may be
+    /// named literally or reached although not public (loopback, private,
+    /// link-local, ...). Default none: a `webhook_url` is refused.
     #[arg(long, env = "LEDGER_WEBHOOK_ALLOW_HOSTS", default_value = "", value_parser = parse_allow_hosts, global = true)]
     pub webhook_allow_hosts: AllowHosts,
 }
 
 fn parse_allow_hosts(list: &str) -> Result<AllowHosts, String> {
-    Ok(AllowHosts::parse(list))
+    AllowHosts::parse(list)
 }
 
 impl Limits {

@@ -5,7 +5,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use child_ledger::access::{self, Access, Role};
-use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
+use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand, WebhookCommand};
 use child_ledger::startup::Application;
 
 #[tokio::main]
@@ -20,6 +20,9 @@ async fn main() -> anyhow::Result<()> {
             child_ledger::cli::migrate(&cli.config.database_url, &cli.config.store_options()?).await
         }
         Some(Command::Openapi) => child_ledger::cli::openapi(),
+        Some(Command::Webhook {
+            command: WebhookCommand::Secret { queue },
+        }) => child_ledger::cli::webhook_secret(&cli.config.webhooks, &queue),
         Some(Command::Reconcile { queue, apply }) => {
             let options = cli.config.store_options()?;
             child_ledger::cli::reconcile(&cli.config.database_url, &options, queue.as_ref(), apply).await

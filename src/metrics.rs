@@ -187,7 +187,7 @@ impl Metrics {
         let auth_failures = Family::default();
         registry.register(
             "child_ledger_auth_failures",
-            "Requests refused by access control, by reason (missing, malformed, unknown, forbidden, outside_queues)",
+            "Requests refused by access control, by reason (missing, malformed, repeated, unknown, forbidden, outside_queues)",
             Family::clone(&auth_failures),
         );
         let pruned = Counter::default();
@@ -254,7 +254,7 @@ impl Metrics {
     }
 
     /// A request refused by access control, by why (`missing`, `malformed`,
-    /// `unknown`, `forbidden`, `outside_queues`): a fixed set, never the token.
+    /// `repeated`, `unknown`, `forbidden`, `outside_queues`): a fixed set, never the token.
     pub fn auth_failure(&self, reason: &'static str) {
         self.auth_failures.get_or_create(&ReasonLabel { reason }).inc();
     }
@@ -333,6 +333,47 @@ impl Metrics {
             max_connections,
         );
 
+        self.register_queue_gauges(&mut scrape, queues);
+
+        let mut out = String::with_capacity(4096);
+        // Writing to a String cannot fail, and nothing here is of a kind the
+        // text format refuses (native-only histograms).
+        prometheus_text::encode(&mut out, &self.registry).expect("metrics encode as text");
+        prometheus_text::encode(&mut out, &scrape).expect("metrics encode as text");
+        out
+    }
+}
+
+impl Metrics {
+    /// What a token limited to some queues is shown: only the series of the
+    /// queues it `reaches` (children claimed, and the per-queue gauges of
+    /// `queues`, which the caller has already limited to them). Process-wide
+    /// series add up every tenant's work (requests, outcomes, pools, ...),
+    /// so they are left out.
+    pub fn render_queues(&self, queues: &[QueueGauge], reaches: &dyn Fn(&str) -> bool) -> String {
+        let mut scrape = Registry::default();
+        let claimed = Family::<QueueLabel, Counter>::default();
+        let seen: Vec<String> = lock(&self.claimed_queues).iter().cloned().collect();
+        for queue in seen.into_iter().filter(|q| reaches(q)) {
+            let label = QueueLabel { queue };
+            if let Some(counter) = self.claimed.get(&label) {
+                claimed.get_or_create(&label).inc_by(counter.get());
+            }
+        }
+        scrape.register(
+            "child_ledger_children_claimed",
+            "Children handed out by claims, by the queue of their parent",
+            claimed,
+        );
+        let reached: Vec<QueueGauge> = queues.iter().filter(|q| reaches(&q.queue)).cloned().collect();
+        self.register_queue_gauges(&mut scrape, &reached);
+        let mut out = String::with_capacity(1024);
+        prometheus_text::encode(&mut out, &scrape).expect("metrics encode as text");
+        out
+    }
+
+    /// The per-queue gauges of the first `max_queues` of `queues` by name.
+    fn register_queue_gauges(&self, scrape: &mut Registry, queues: &[QueueGauge]) {
         let mut shown: Vec<&QueueGauge> = queues.iter().collect();
         shown.sort_by(|a, b| a.queue.cmp(&b.queue));
         shown.truncate(self.max_queues);
@@ -363,13 +404,6 @@ impl Metrics {
             "How long the oldest pending child of each queue has waited; absent while none is pending",
             oldest,
         );
-
-        let mut out = String::with_capacity(4096);
-        // Writing to a String cannot fail, and nothing here is of a kind the
-        // text format refuses (native-only histograms).
-        prometheus_text::encode(&mut out, &self.registry).expect("metrics encode as text");
-        prometheus_text::encode(&mut out, &scrape).expect("metrics encode as text");
-        out
     }
 }
 

@@ -1,6 +1,9 @@
-//! Access control on both stores: every operation against no token, an
-//! unknown token and each role; tokens limited to queues on single-item and
-//! list routes; outcome fencing; and writes a browser could forge.
+//! Access control on both stores: every operation of the OpenAPI document
+//! against no token, an unknown token and each role; tokens limited to
+//! queues on every operation that names a parent or a queue (a parent of
+//! another queue answered exactly as one that does not exist), on lists and
+//! on `/metrics`; outcome fencing; writes a browser could forge; repeated
+//! `Authorization` headers; and webhook secrets shown only to admins.
 
 mod common;
 
@@ -51,114 +54,93 @@ async fn ledger_state(app: &TestApp) -> String {
         "SELECT count(*) FROM child WHERE conflicts IS NOT NULL",
         "SELECT count(*) FROM child WHERE lease_expires_at IS NOT NULL",
         "SELECT CAST(coalesce(sum(served), 0) AS BIGINT) FROM lane",
+        "SELECT count(*) FROM queue_pause",
+        "SELECT count(*) FROM reconcile_job",
+        "SELECT count(*) FROM webhook_event",
     ] {
         parts.push(app.count(sql).await.to_string());
     }
     parts.join(",")
 }
 
-/// An operation, the role it needs, and a request that would succeed (or
-/// fail for a reason other than access) with that role.
+/// An operation of the OpenAPI document, the role it needs there, and a
+/// request to it with the fixtures' ids and `{}` as the body of a write.
 struct Operation {
     method: Method,
+    /// The path template, as the document has it.
+    template: String,
     path: String,
     body: Option<Value>,
     needs: Role,
 }
 
-fn op(method: Method, path: &str, body: Option<Value>, needs: Role) -> Operation {
-    Operation {
-        method,
-        path: path.to_owned(),
-        body,
-        needs,
+/// The claim id of nobody's claim, and the job id of no job.
+const STRANGER: &str = "00000000-0000-4000-8000-000000000000";
+
+/// `template` with its parameters filled in: `parent_id` (and `queue`, and
+/// `sequence`) as given, the ids of claims and jobs nobody has. A parameter
+/// the matrix does not know fails the test: give it a fixture.
+fn fill(template: &str, parent: &str, queue: &str, sequence: &str) -> String {
+    let mut path = template
+        .replace("{parent_id}", parent)
+        .replace("{queue}", queue)
+        .replace("{sequence}", sequence)
+        .replace("{claim_id}", STRANGER)
+        .replace("{job_id}", STRANGER);
+    if path.contains('{') {
+        panic!("{template}: a path parameter tests/access.rs has no fixture for");
     }
+    if path.is_empty() {
+        path.push('/');
+    }
+    path
 }
 
-/// Every operation of the contract that access control guards.
-fn operations(n: usize) -> Vec<Operation> {
-    let stranger = "00000000-0000-4000-8000-000000000000";
-    vec![
-        op(Method::GET, "/v1/parents", None, Role::Reader),
-        op(Method::GET, "/v1/parents/P", None, Role::Reader),
-        op(Method::GET, "/v1/parents/P/children", None, Role::Reader),
-        op(Method::GET, "/v1/parents/P/children/0", None, Role::Reader),
-        op(Method::GET, "/metrics", None, Role::Reader),
-        op(
-            Method::PUT,
-            &format!("/v1/parents/new-{n}"),
-            Some(json!({"queue": "q", "children": children(1)})),
-            Role::Producer,
-        ),
-        op(
-            Method::POST,
-            "/v1/parents/D/children",
-            Some(json!({"children": [{"sequence": 0, "payload": {}}]})),
-            Role::Producer,
-        ),
-        op(
-            Method::POST,
-            "/v1/parents/D/seal",
-            Some(json!({"total": 9})),
-            Role::Producer,
-        ),
-        op(
-            Method::POST,
-            "/v1/parents/P/claims",
-            Some(json!({"limit": 1})),
-            Role::Worker,
-        ),
-        op(
-            Method::POST,
-            "/v1/queues/q/claims",
-            Some(json!({"limit": 1})),
-            Role::Worker,
-        ),
-        op(
-            Method::POST,
-            &format!("/v1/claims/{stranger}/extend"),
-            Some(json!({})),
-            Role::Worker,
-        ),
-        op(
-            Method::POST,
-            &format!("/v1/claims/{stranger}/release"),
-            Some(json!({})),
-            Role::Worker,
-        ),
-        op(
-            Method::POST,
-            "/v1/parents/P/children/1/outcome",
-            Some(json!({"outcome": "processed", "claim_id": stranger})),
-            Role::Worker,
-        ),
-        op(
-            Method::POST,
-            "/v1/outcomes",
-            Some(
-                json!({"outcomes": [{"parent_id": "P", "sequence": 2, "outcome": "processed", "claim_id": stranger}]}),
-            ),
-            Role::Worker,
-        ),
-        op(
-            Method::POST,
-            "/v1/parents/P/children/3/retry",
-            Some(json!({})),
-            Role::Admin,
-        ),
-        op(
-            Method::POST,
-            "/v1/parents/P/reconcile",
-            Some(json!({"dry_run": true})),
-            Role::Admin,
-        ),
-        op(
-            Method::POST,
-            "/v1/reconcile",
-            Some(json!({"dry_run": true})),
-            Role::Admin,
-        ),
-    ]
+/// Every operation of the OpenAPI document that access control guards (all
+/// but the probes), with the role the document says it needs: a new
+/// operation is in this matrix as soon as it is routed.
+fn operations() -> Vec<Operation> {
+    let doc = serde_json::to_value(child_ledger::api::openapi()).unwrap();
+    let mut operations = Vec::new();
+    for (template, item) in doc["paths"].as_object().unwrap() {
+        for (name, method) in [
+            ("get", Method::GET),
+            ("put", Method::PUT),
+            ("post", Method::POST),
+            ("delete", Method::DELETE),
+            ("patch", Method::PATCH),
+        ] {
+            let Some(operation) = item.get(name) else { continue };
+            let Some(role) = operation["security"][0]["bearer"][0].as_str() else {
+                assert!(
+                    matches!(template.as_str(), "/healthz" | "/readyz"),
+                    "{name} {template} names no role: only the probes are open"
+                );
+                continue;
+            };
+            let needs = match role {
+                "reader" => Role::Reader,
+                "producer" => Role::Producer,
+                "worker" => Role::Worker,
+                "admin" => Role::Admin,
+                other => panic!("{name} {template}: unknown role {other}"),
+            };
+            assert!(
+                method == Method::GET || needs != Role::Reader,
+                "{name} {template}: a write needs more than reading"
+            );
+            let body = matches!(method, Method::POST | Method::PUT | Method::PATCH).then(|| json!({}));
+            operations.push(Operation {
+                path: fill(template, "P", "q", "1"),
+                template: template.clone(),
+                method,
+                body,
+                needs,
+            });
+        }
+    }
+    assert!(operations.len() >= 28, "{} operations", operations.len());
+    operations
 }
 
 fn is_problem(reply: &Reply) -> bool {
@@ -212,7 +194,8 @@ async fn every_operation_against_every_caller(backend: Backend) {
     // All the rejections first, then check that none of them wrote anything.
     let before = ledger_state(&app).await;
     let mut allowed = Vec::new();
-    for (n, operation) in operations(0).into_iter().enumerate() {
+    let operations = operations();
+    for (n, operation) in operations.iter().enumerate() {
         for (name, token) in &callers {
             let role = role_of(name);
             if role.is_some_and(|held| grants(held, operation.needs)) {
@@ -227,7 +210,10 @@ async fn every_operation_against_every_caller(backend: Backend) {
                     operation.body.clone(),
                 )
                 .await;
-            let what = format!("{} {} as {name}", operation.method, operation.path);
+            let what = format!(
+                "{} {} ({}) as {name}",
+                operation.method, operation.path, operation.template
+            );
             assert!(is_problem(&r), "{what}: not a problem: {r:?}");
             if role.is_none() {
                 assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{what}: {r:?}");
@@ -253,7 +239,7 @@ async fn every_operation_against_every_caller(backend: Backend) {
     assert_eq!(ledger_state(&app).await, before, "a rejected request wrote something");
 
     for (n, name, token) in allowed {
-        let operation = &operations(n)[n];
+        let operation = &operations[n];
         let r = app
             .request_as(token, operation.method.clone(), &operation.path, operation.body.clone())
             .await;
@@ -648,8 +634,359 @@ async fn writes_need_a_json_content_type(backend: Backend) {
     assert_eq!(r.body["children"].as_array().unwrap().len(), 2);
 }
 
+/// A response with the parent id named in it replaced, to compare the
+/// answers about two parents.
+fn answer_without(r: &Reply, id: &str) -> String {
+    format!(
+        "{} {}",
+        r.status,
+        serde_json::to_string(&r.body).unwrap().replace(id, "<parent>")
+    )
+}
+
+/// A token limited to queues, on every operation of the document that names
+/// a parent or a queue in its path, with the role to call it (an admin of
+/// `team-a.*`): another queue's parent, child or queue is 404, and a parent
+/// of another queue is answered exactly as one that does not exist whatever
+/// else is wrong with the request (a bad query, a bad body, the probes of
+/// issue 26). Nothing is written.
+async fn other_queues_cannot_be_told_from_nothing(backend: Backend) {
+    let (admin_a, a) = token("team-a-admin", &[Role::Admin], &["team-a.*"]);
+    let (app, roles) = app_with_roles(backend, vec![a]).await;
+    for (parent, queue, decomposed) in [("B", "team-b", true), ("BD", "team-b", false)] {
+        let r = app
+            .put_as(
+                &roles.admin,
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": queue, "children": children(3), "decomposed": decomposed}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    }
+    let before = ledger_state(&app).await;
+    let mut compared = 0;
+    let mut hidden_queues = 0;
+    for operation in operations() {
+        let template = operation.template.as_str();
+        let names_parent = template.contains("{parent_id}");
+        if template.contains("{queue}") {
+            let path = fill(template, "B", "team-b", "0");
+            let r = app
+                .request_as(Some(&admin_a), operation.method.clone(), &path, operation.body.clone())
+                .await;
+            assert_eq!(r.status, StatusCode::NOT_FOUND, "{} {path}: {r:?}", operation.method);
+            assert_eq!(r.body["type"], "/problems/not-found", "{path}");
+            hidden_queues += 1;
+        }
+        if !names_parent {
+            continue;
+        }
+        let write = operation.body.is_some();
+        let mut probes: Vec<(String, Option<Value>)> = vec![
+            (String::new(), operation.body.clone()),
+            ("?bogus=1".to_owned(), operation.body.clone()),
+        ];
+        if write {
+            probes.push((String::new(), Some(json!({"bogus": 1}))));
+            probes.push((String::new(), Some(json!([]))));
+        }
+        // The probes issue 26 names, on the operations they belong to.
+        let named: &[(&str, &str, Option<Value>)] = &[
+            ("/v1/parents/{parent_id}", "?include=bogus", None),
+            ("/v1/parents/{parent_id}/children", "?limit=0", None),
+            ("/v1/parents/{parent_id}/claims", "", Some(json!({"limit": 0}))),
+            ("/v1/parents/{parent_id}/children", "", Some(json!({"children": []}))),
+            ("/v1/parents/{parent_id}/seal", "", Some(json!({"total": -1}))),
+            ("/v1/parents/{parent_id}/cancel", "", Some(json!({"reason": ""}))),
+            ("/v1/parents/{parent_id}/reconcile", "", Some(json!({"dry_run": "x"}))),
+            (
+                "/v1/parents/{parent_id}/children/{sequence}/outcome",
+                "",
+                Some(json!({"outcome": "nope"})),
+            ),
+        ];
+        for (at, query, body) in named {
+            if *at == template && (body.is_some() == write) {
+                probes.push(((*query).to_owned(), body.clone()));
+            }
+        }
+        for sequence in ["0", "x"] {
+            if sequence == "x" && !template.contains("{sequence}") {
+                continue;
+            }
+            for (query, body) in &probes {
+                let answers: Vec<(String, Reply)> = {
+                    let mut answers = Vec::new();
+                    for id in ["B", "NOPE"] {
+                        let path = format!("{}{query}", fill(template, id, "team-a.one", sequence));
+                        let r = app
+                            .request_as(Some(&admin_a), operation.method.clone(), &path, body.clone())
+                            .await;
+                        answers.push((path, r));
+                    }
+                    answers
+                };
+                let (hidden_path, hidden) = &answers[0];
+                let (missing_path, missing) = &answers[1];
+                let what = format!("{} {hidden_path} / {missing_path} with {body:?}", operation.method);
+                assert_eq!(
+                    answer_without(hidden, "B"),
+                    answer_without(missing, "NOPE"),
+                    "{what}: another queue's parent is told from a missing one"
+                );
+                assert!(is_problem(hidden), "{what}: {hidden:?}");
+                if operation.method == Method::PUT {
+                    // A registration checks its body first: alike, but not 404.
+                    assert_ne!(hidden.status, StatusCode::NOT_FOUND, "{what}: {hidden:?}");
+                } else {
+                    assert_eq!(hidden.status, StatusCode::NOT_FOUND, "{what}: {hidden:?}");
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(ledger_state(&app).await, before, "a refused request wrote something");
+    // A valid registration of an id taken in another queue: 404, not a conflict.
+    let r = app
+        .put_as(
+            &admin_a,
+            "/v1/parents/B",
+            json!({"queue": "team-a.x", "children": children(1)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
+    assert_eq!(ledger_state(&app).await, before);
+    assert!(compared >= 60, "{compared} comparisons");
+    eprintln!(
+        "access[{backend:?}]: {compared} requests about another queue's parent answered as about a missing one; \
+         {hidden_queues} operations on another queue answered 404"
+    );
+}
+
+/// The lists that span queues (`/v1/queues`, `/v1/children`) leave out the
+/// queues outside a token's, and one queue outside them is 404.
+async fn lists_leave_out_other_queues(backend: Backend) {
+    let (worker_a, w) = token("team-a-worker", &[Role::Worker], &["team-a.*"]);
+    let (reader_one, r) = token("team-a-one-reader", &[Role::Reader], &["team-a.one"]);
+    let (app, roles) = app_with_roles(backend, vec![w, r]).await;
+    for (parent, queue) in [("A1", "team-a.one"), ("A2", "team-a.two"), ("B", "team-b")] {
+        let r = app
+            .put_as(
+                &roles.admin,
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": queue, "children": children(3)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED);
+    }
+    let queues = |reply: Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        reply.body["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["queue"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        queues(app.get_as(&roles.reader, "/v1/queues").await),
+        ["team-a.one", "team-a.two", "team-b"]
+    );
+    assert_eq!(
+        queues(app.get_as(&worker_a, "/v1/queues").await),
+        ["team-a.one", "team-a.two"]
+    );
+    assert_eq!(queues(app.get_as(&reader_one, "/v1/queues").await), ["team-a.one"]);
+    for (token, path) in [(&worker_a, "/v1/queues/team-b"), (&reader_one, "/v1/queues/team-a.two")] {
+        let r = app.get_as(token, path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {r:?}");
+    }
+    assert_eq!(
+        app.get_as(&reader_one, "/v1/queues/team-a.one").await.status,
+        StatusCode::OK
+    );
+
+    let parents_of = |reply: Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        let mut parents: Vec<String> = reply.body["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["parent_id"].as_str().unwrap().to_owned())
+            .collect();
+        parents.dedup();
+        parents.sort();
+        parents.dedup();
+        parents
+    };
+    assert_eq!(
+        parents_of(app.get_as(&roles.reader, "/v1/children?state=pending").await),
+        ["A1", "A2", "B"]
+    );
+    assert_eq!(
+        parents_of(app.get_as(&worker_a, "/v1/children?state=pending").await),
+        ["A1", "A2"]
+    );
+    assert_eq!(
+        parents_of(app.get_as(&reader_one, "/v1/children?state=pending").await),
+        ["A1"]
+    );
+    for path in [
+        "/v1/children?state=pending&queue=team-b",
+        "/v1/children?parent_id=B",
+        "/v1/children?parent_id=B&state=pending",
+    ] {
+        assert!(parents_of(app.get_as(&worker_a, path).await).is_empty(), "{path}");
+    }
+    assert_eq!(
+        parents_of(app.get_as(&worker_a, "/v1/children?parent_id=A2").await),
+        ["A2"]
+    );
+}
+
+/// A token limited to queues sees only those queues' series in `/metrics`,
+/// and none of the process-wide ones (they add up every queue's work); a
+/// token on every queue sees everything.
+async fn metrics_show_a_limited_token_only_its_queues(backend: Backend) {
+    let (reader_one, r) = token("team-a-one-reader", &[Role::Reader], &["team-a.one"]);
+    let (app, roles) = app_with_roles(backend, vec![r]).await;
+    for (parent, queue) in [("A1", "team-a.one"), ("A2", "team-a.two"), ("B", "team-b")] {
+        let r = app
+            .put_as(
+                &roles.admin,
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": queue, "children": children(4)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        let r = app
+            .post_as(
+                &roles.worker,
+                &format!("/v1/queues/{queue}/claims"),
+                json!({"limit": 2}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let text = |reply: Reply| {
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        reply.body.as_str().unwrap().to_owned()
+    };
+    let everything = text(app.get_as(&roles.reader, "/metrics").await);
+    for wanted in [
+        "child_ledger_http_requests_total{",
+        "child_ledger_children_claimed_total{queue=\"team-b\"} 2",
+        "child_ledger_queue_children{queue=\"team-b\",state=\"pending\"} 2",
+        "child_ledger_queue_children{queue=\"team-a.one\",state=\"in_flight\"} 2",
+    ] {
+        assert!(everything.contains(wanted), "{wanted} in {everything}");
+    }
+    let limited = text(app.get_as(&reader_one, "/metrics").await);
+    for wanted in [
+        "child_ledger_children_claimed_total{queue=\"team-a.one\"} 2",
+        "child_ledger_queue_children{queue=\"team-a.one\",state=\"pending\"} 2",
+        "child_ledger_queue_children{queue=\"team-a.one\",state=\"in_flight\"} 2",
+    ] {
+        assert!(limited.contains(wanted), "{wanted} in {limited}");
+    }
+    for unwanted in [
+        "team-b",
+        "team-a.two",
+        "child_ledger_http_requests_total",
+        "child_ledger_outcomes",
+        "child_ledger_auth_failures",
+        "child_ledger_db_pool",
+    ] {
+        assert!(
+            !limited.contains(unwanted),
+            "{unwanted} shown to a token of team-a.one: {limited}"
+        );
+    }
+}
+
+/// Two `Authorization` headers are refused (which one counts would be a
+/// guess), whatever they hold.
+async fn repeated_authorization_headers_are_refused(backend: Backend) {
+    let (app, roles) = app_with_roles(backend, vec![]).await;
+    let unknown = "clt_0000000000000000000000000000000000000000000000000000000000000000";
+    for pair in [
+        [roles.reader.as_str(), roles.admin.as_str()],
+        [unknown, roles.admin.as_str()],
+        [roles.admin.as_str(), roles.admin.as_str()],
+    ] {
+        let response = app
+            .client
+            .get(format!("{}/v1/parents", app.base))
+            .header("authorization", format!("Bearer {}", pair[0]))
+            .header("authorization", format!("Bearer {}", pair[1]))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let challenge = response.headers().get("www-authenticate").cloned();
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(body["type"], "/problems/unauthenticated");
+        assert!(
+            body["detail"].as_str().unwrap().contains("one Authorization header"),
+            "{body}"
+        );
+        assert!(challenge.is_some_and(|c| c.to_str().unwrap().contains("invalid_request")));
+    }
+    let metrics = app.get_as(&roles.reader, "/metrics").await;
+    assert!(
+        metrics
+            .body
+            .as_str()
+            .unwrap()
+            .contains("child_ledger_auth_failures_total{reason=\"repeated\"} 3"),
+        "{metrics:?}"
+    );
+}
+
+/// A `webhook_url`'s query string may hold the receiver's secret: only an
+/// admin sees it, on the parent, in the parent list and in its deliveries;
+/// everyone else sees `?redacted`.
+async fn webhook_secrets_are_shown_only_to_admins(backend: Backend) {
+    let (reader, r) = token("reader", &[Role::Reader], &[]);
+    let (producer, p) = token("producer", &[Role::Producer], &[]);
+    let (admin, a) = token("admin", &[Role::Admin], &[]);
+    let limits = child_ledger::config::Limits {
+        webhook_allow_hosts: child_ledger::ledger::webhook::AllowHosts::parse("hooks.example.test").unwrap(),
+        ..child_ledger::config::Limits::default()
+    };
+    let app = spawn_app_with_tokens_and_limits(backend, json!([r, p, a]), limits).await;
+    let url = "https://hooks.example.test/done?token=s3cret-receiver-token";
+    let shown = "https://hooks.example.test/done?redacted";
+    // Complete at registration: its completion event is written too.
+    let r = app
+        .put_as(
+            &producer,
+            "/v1/parents/W",
+            json!({"queue": "q", "children": [{"skip": "x"}], "webhook_url": url}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["webhook_url"], shown, "the producer sees it redacted too");
+    for (token, expected) in [(&reader, shown), (&producer, shown), (&admin, url)] {
+        let r = app.get_as(token, "/v1/parents/W").await;
+        assert_eq!(r.body["webhook_url"], expected, "{r:?}");
+        let r = app.get_as(token, "/v1/parents").await;
+        assert_eq!(r.body["parents"][0]["webhook_url"], expected, "{r:?}");
+        let r = app.get_as(token, "/v1/parents/W/deliveries").await;
+        assert_eq!(r.body["deliveries"][0]["url"], expected, "{r:?}");
+        let text = serde_json::to_string(&app.get_as(token, "/v1/parents/W").await.body).unwrap();
+        assert_eq!(text.contains("s3cret"), expected == url, "{text}");
+    }
+}
+
 both_stores!(
     every_operation_against_every_caller,
+    other_queues_cannot_be_told_from_nothing,
+    lists_leave_out_other_queues,
+    metrics_show_a_limited_token_only_its_queues,
+    repeated_authorization_headers_are_refused,
+    webhook_secrets_are_shown_only_to_admins,
     only_bearer_tokens_authenticate,
     tokens_reach_only_their_queues,
     outcomes_are_fenced_by_claim,

@@ -57,21 +57,14 @@ async fn dashboard_in_a_browser(backend: Backend) {
     assert!(row.contains("8 / 12 · 66%"), "order-1001's progress: {row}");
     let row = browser.text(r#"#parents-table tr[data-parent="order-1003"]"#).await;
     assert!(row.contains("4 / 4 · 100%") && row.contains("complete"), "{row}");
+    // The queue overview is read from `GET /v1/queues`: it must answer.
     let queues = app.get("/v1/queues").await;
-    if queues.status == StatusCode::OK {
-        let overview = browser.wait_text("#queues-table", |t| t.contains("billing")).await;
-        assert!(overview.contains(QUEUE), "queue overview: {overview}");
-        // 8 of order-1001 and 2 of order-1002 are terminal, of 18.
-        let row = browser.text(r#"#queues-table tr[data-queue="events"]"#).await;
-        assert!(row.contains("10 / 18 · 55%"), "the events queue's progress: {row}");
-    } else {
-        // Until the queue read model answers, the page says so and goes on.
-        let note = browser.wait_text("#queues-note", |t| t.contains("404")).await;
-        eprintln!(
-            "dashboard[{backend:?}]: GET /v1/queues answered {}: {note}",
-            queues.status
-        );
-    }
+    assert_eq!(queues.status, StatusCode::OK, "GET /v1/queues: {queues:?}");
+    let overview = browser.wait_text("#queues-table", |t| t.contains("billing")).await;
+    assert!(overview.contains(QUEUE), "queue overview: {overview}");
+    // 8 of order-1001 and 2 of order-1002 are terminal, of 18.
+    let row = browser.text(r#"#queues-table tr[data-queue="events"]"#).await;
+    assert!(row.contains("10 / 18 · 55%"), "the events queue's progress: {row}");
 
     // The parent list filters: only the parent with a held child.
     browser.click(r#"#filter-has option[value="held"]"#).await;
@@ -175,10 +168,20 @@ async fn dashboard_in_a_browser(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // Swagger UI still renders under its Content-Security-Policy (its own
+    // scripts only, never framed), and lists the operations.
+    browser.goto(&format!("{}/docs/", app.base)).await;
+    let docs = browser
+        .wait_text(".swagger-ui", |t| {
+            t.contains("registerParent") || t.contains("/v1/parents/{parent_id}")
+        })
+        .await;
+    assert!(docs.contains("child-ledger"), "{docs}");
+
     browser.quit().await;
     eprintln!(
         "dashboard[{backend:?}]: token prompt, queues, progress, filter, failed reasons (markup as text), \
-         reader retry refused (403), admin retry to pending, reconcile drift, 304 polls: OK in {:.1} s (seeding {:.1} s); screenshot {}",
+         reader retry refused (403), admin retry to pending, reconcile drift, 304 polls, /docs under its CSP: OK in {:.1} s (seeding {:.1} s); screenshot {}",
         started.elapsed().as_secs_f64(),
         seeded.as_secs_f64(),
         screenshot.display()

@@ -605,7 +605,50 @@ async fn secrets_stay_out_of_logs_and_help(_backend: Backend) {
     assert!(!log.contains(secret), "{log}");
 }
 
+/// A request head over 64 KiB (one big header, or many) is answered 431
+/// with a problem, on every route, the open ones included; under the limit
+/// it is served.
+async fn an_oversized_head_is_a_problem(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let big = "a".repeat(100 * 1024);
+    for path in ["/v1/parents", "/healthz", "/docs/", "/no/such/route"] {
+        let r = app
+            .client
+            .get(format!("{}{path}", app.base))
+            .header("x-filler", big.as_str())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "{path}");
+        let content_type = r.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(
+            content_type.starts_with("application/problem+json"),
+            "{path}: {content_type}"
+        );
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["type"], "/problems/head-too-large", "{problem}");
+        assert_eq!(problem["status"], 431);
+    }
+    let mut many = app.client.get(format!("{}/v1/parents", app.base));
+    for i in 0..40 {
+        many = many.header(format!("x-filler-{i}"), "b".repeat(2048));
+    }
+    assert_eq!(
+        many.send().await.unwrap().status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    let r = app
+        .client
+        .get(format!("{}/v1/parents", app.base))
+        .header("x-filler", "a".repeat(32 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
 both_stores!(
+    an_oversized_head_is_a_problem,
     memory_is_bounded_by_the_request,
     slow_and_idle_sockets_are_closed,
     a_crowd_of_long_polls_is_bounded,

@@ -69,6 +69,20 @@ async fn served_docs(backend: Backend) {
 
     let page = app.client.get(format!("{}/docs/", app.base)).send().await.unwrap();
     assert_eq!(page.status(), StatusCode::OK);
+    // Never framed, and nothing loaded from elsewhere.
+    let header = |name: &str| {
+        page.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(header("x-frame-options"), "DENY");
+    let policy = header("content-security-policy");
+    for directive in ["default-src 'none'", "script-src 'self'", "frame-ancestors 'none'"] {
+        assert!(policy.contains(directive), "{policy}");
+    }
+    assert_eq!(header("x-content-type-options"), "nosniff");
     let html = page.text().await.unwrap();
     assert!(html.contains("swagger"), "{html}");
     // Every asset the page references is served by the binary itself.
@@ -95,6 +109,43 @@ async fn served_docs(backend: Backend) {
         .await
         .unwrap();
     assert!(initializer.text().await.unwrap().contains("/openapi.json"));
+}
+
+/// The pattern the document gives `parent_id` says what the service
+/// accepts, as an independent regex engine (Python's `re`) reads it.
+#[test]
+fn the_parent_id_pattern_is_the_rule() {
+    let doc = serde_json::to_value(child_ledger::api::openapi()).unwrap();
+    let pattern = doc["components"]["schemas"]["ParentId"]["pattern"]
+        .as_str()
+        .expect("ParentId has a pattern")
+        .to_owned();
+    let ids = [
+        ".", "..", "...", ".a", "..a", "a.", "a", "P-42", "~.~", "", "x/y", "a b", "é", ":.", "-..",
+    ];
+    let long = "x".repeat(200);
+    let too_long = "x".repeat(201);
+    let dotted = format!("..{}", "x".repeat(198));
+    let ids: Vec<&str> = ids
+        .iter()
+        .copied()
+        .chain([long.as_str(), too_long.as_str(), dotted.as_str()])
+        .collect();
+    let script = "import json, re, sys\npattern, ids = sys.argv[1], json.loads(sys.argv[2])\n\
+                  print(json.dumps([re.search(pattern, i) is not None for i in ids]))";
+    let output = std::process::Command::new("python3")
+        .args(["-c", script, &pattern, &serde_json::to_string(&ids).unwrap()])
+        .output()
+        .expect("python3 on the PATH");
+    assert!(output.status.success(), "{output:?}");
+    let matched: Vec<bool> = serde_json::from_slice(&output.stdout).unwrap();
+    for (id, matched) in ids.iter().zip(matched) {
+        assert_eq!(
+            matched,
+            child_ledger::ledger::ParentId::parse(id).is_ok(),
+            "{id:?} against {pattern}"
+        );
+    }
 }
 
 both_stores!(served_docs);

@@ -401,6 +401,9 @@ fn catalogue() -> Vec<Case> {
     .param("parent_id");
     c.get("parent_id with a slash encoded", "/v1/parents/a%2Fb")
         .param("parent_id");
+    // `.` and `..` in a path: `dot_segments_are_not_parent_ids`.
+    c.get("searching children of parent `..`", "/v1/children?parent_id=..")
+        .param("parent_id");
     c.post(
         "queue in upper case in a claim path",
         "/v1/queues/UPPER/claims",
@@ -445,6 +448,12 @@ fn catalogue() -> Vec<Case> {
         "batch parent_id invalid",
         "/v1/outcomes",
         json!({"outcomes": [item(json!({"parent_id": "bad id!"}))]}),
+    )
+    .field("outcomes[0].parent_id");
+    c.post(
+        "batch parent_id `..`",
+        "/v1/outcomes",
+        json!({"outcomes": [item(json!({"parent_id": ".."}))]}),
     )
     .field("outcomes[0].parent_id");
     c.put("queue in upper case", "/v1/parents/V-new", json!({"queue": "UPPER"}))
@@ -846,7 +855,44 @@ async fn repeats_within_one_request_are_retries(backend: Backend) {
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
 }
 
+/// `.` and `..` are path segments a URL normaliser removes (so a client
+/// could never name such a parent reliably): sent as they are, or encoded,
+/// over a raw connection (an HTTP client would normalise them away), they
+/// are refused naming `parent_id`, and nothing is registered.
+async fn dot_segments_are_not_parent_ids(backend: Backend) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app(backend).await;
+    let address = app.base.trim_start_matches("http://").to_owned();
+    let register = r#"{"children": [{"payload": 1}]}"#;
+    for (method, path, body) in [
+        ("PUT", "/v1/parents/.", register),
+        ("PUT", "/v1/parents/..", register),
+        ("PUT", "/v1/parents/%2E", register),
+        ("PUT", "/v1/parents/%2e%2E", register),
+        ("GET", "/v1/parents/%2E%2E", ""),
+        ("POST", "/v1/parents/./claims", "{}"),
+        ("POST", "/v1/parents/%2E/seal", r#"{"total": 1}"#),
+    ] {
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 400"), "{method} {path}: {answer}");
+        assert!(head.contains("application/problem+json"), "{method} {path}: {answer}");
+        let problem: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(problem["field"], "parent_id", "{method} {path}: {problem}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM parent").await, 0);
+}
+
 both_stores!(
+    dot_segments_are_not_parent_ids,
     repeats_within_one_request_are_retries,
     rejects_bad_requests,
     rejects_too_many_children,

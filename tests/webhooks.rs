@@ -1,6 +1,8 @@
 //! Completion webhooks, end to end: the real service as a process, a real
 //! HTTP receiver in this test process, and the signature checked by an
-//! independent implementation (Python's `hmac`). On both stores.
+//! independent implementation (Python's `hmac`), with each queue's own
+//! secret. Where a webhook may go (SSRF) is tested with the sender in this
+//! process and a resolver the test scripts. On both stores.
 
 mod common;
 
@@ -8,8 +10,14 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use child_ledger::config::Limits;
+use child_ledger::jobs::{Resolve, WebhookSender};
+use child_ledger::ledger::webhook::{AllowHosts, RetrySchedule, WebhookSecret};
 use common::process::{ServiceProcess, free_port};
 use common::*;
 use serde_json::{Value, json};
@@ -29,6 +37,10 @@ enum Answer {
 #[derive(Clone, Debug)]
 struct Hit {
     path: String,
+    /// The `Host` header: the URL's host name, whatever address was reached.
+    host: String,
+    /// The `child-ledger-queue` header.
+    queue: String,
     id: String,
     timestamp: String,
     signature: String,
@@ -42,8 +54,9 @@ struct Inbox {
     scripts: Mutex<HashMap<String, VecDeque<Answer>>>,
 }
 
-/// A webhook receiver on 127.0.0.1: `POST /hook/{name}`.
+/// A webhook receiver on 127.0.0.1 (or another loopback address): `POST /hook/{name}`.
 struct Receiver {
+    ip: IpAddr,
     port: u16,
     inbox: Arc<Inbox>,
     server: Option<tokio::task::JoinHandle<()>>,
@@ -52,7 +65,12 @@ struct Receiver {
 impl Receiver {
     /// A receiver that is not listening yet (`listen` starts it on `port`).
     fn on(port: u16) -> Self {
+        Self::on_address(IpAddr::from([127, 0, 0, 1]), port)
+    }
+
+    fn on_address(ip: IpAddr, port: u16) -> Self {
         Self {
+            ip,
             port,
             inbox: Arc::default(),
             server: None,
@@ -75,6 +93,8 @@ impl Receiver {
             let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
             inbox.hits.lock().unwrap().push(Hit {
                 path: name.clone(),
+                host: header("host"),
+                queue: header(child_ledger::jobs::QUEUE_HEADER),
                 id: header("webhook-id"),
                 timestamp: header("webhook-timestamp"),
                 signature: header("webhook-signature"),
@@ -99,7 +119,7 @@ impl Receiver {
         let router = axum::Router::new()
             .route("/hook/{name}", axum::routing::post(hook))
             .with_state(Arc::clone(&self.inbox));
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
+        let listener = tokio::net::TcpListener::bind((self.ip, self.port)).await.unwrap();
         self.server = Some(tokio::spawn(async move {
             axum::serve(listener, router).await.unwrap();
         }));
@@ -235,30 +255,58 @@ async fn deliveries_in(base: &str, parent: &str, state: &str, deadline: Duration
     .await
 }
 
-/// Verifies every hit's signature with Python's `hmac` and `base64`, the way
-/// a receiver would; returns how many verified.
-fn verify_in_python(hits: &[Hit]) -> usize {
-    const VERIFY: &str = r#"
+/// The secret `child-ledger webhook secret --queue Q` prints for `queue`.
+fn queue_secret(queue: &str) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+        .args(["webhook", "secret", "--queue", queue])
+        .env("LEDGER_WEBHOOK_SECRET", SECRET)
+        .output()
+        .expect("run child-ledger webhook secret");
+    assert!(output.status.success(), "{output:?}");
+    let secret = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    secret
+}
+
+/// Python's `hmac` and `base64`, the way a receiver checks a signature;
+/// `derive` also derives each queue's secret from the master one as the
+/// README says (HKDF-SHA256), independently of the service.
+const PYTHON_VERIFIER: &str = r#"
 import base64, hashlib, hmac, json, sys
-secret = sys.argv[1]
-key = base64.b64decode(secret[len("whsec_"):])
-ok = 0
-for hit in json.load(sys.stdin):
+
+def key_of(whsec):
+    return base64.b64decode(whsec[len("whsec_"):])
+
+def verifies(key, hit):
     signed = (hit["id"] + "." + hit["timestamp"] + "." + hit["body"]).encode()
     expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
     given = [s.split(",", 1)[1] for s in hit["signature"].split(" ") if s.startswith("v1,")]
-    if any(hmac.compare_digest(expected, g) for g in given):
-        ok += 1
+    return any(hmac.compare_digest(expected, g) for g in given)
+
+def queue_key(master, queue):
+    prk = hmac.new(b"child-ledger/webhook-queue-secret/v1", master, hashlib.sha256).digest()
+    return hmac.new(prk, queue.encode() + b"\x01", hashlib.sha256).digest()
+
+mode, secret = sys.argv[1], sys.argv[2]
+out = []
+for hit in json.load(sys.stdin):
+    if mode == "derive":
+        queue = json.loads(hit["body"])["data"]["queue"]
+        key = queue_key(key_of(secret), queue)
+        out.append({"verified": verifies(key, hit), "by_master": verifies(key_of(secret), hit),
+                    "queue": queue, "secret": "whsec_" + base64.b64encode(key).decode()})
     else:
-        print("bad signature for", hit["id"], file=sys.stderr)
-print(ok)
+        out.append({"verified": verifies(key_of(secret), hit)})
+print(json.dumps(out))
 "#;
+
+fn run_python(mode: &str, secret: &str, hits: &[Hit]) -> Vec<Value> {
     let input: Vec<Value> = hits
         .iter()
         .map(|h| json!({"id": h.id, "timestamp": h.timestamp, "signature": h.signature, "body": h.body}))
         .collect();
     let mut child = std::process::Command::new("python3")
-        .args(["-c", VERIFY, SECRET])
+        .args(["-c", PYTHON_VERIFIER, mode, secret])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -272,7 +320,31 @@ print(ok)
         .unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success());
-    String::from_utf8(output.stdout).unwrap().trim().parse().unwrap()
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Verifies every hit's signature with its queue's secret, derived in
+/// Python from the master secret; that secret must be the one the CLI
+/// prints, the `child-ledger-queue` header must name the queue, and the
+/// master secret itself must verify none. Returns how many verified.
+fn verify_in_python(hits: &[Hit]) -> usize {
+    let checked = run_python("derive", SECRET, hits);
+    let mut cli: HashMap<String, String> = HashMap::new();
+    for (hit, check) in hits.iter().zip(&checked) {
+        let queue = check["queue"].as_str().unwrap();
+        assert_eq!(hit.queue, queue, "the queue header names the event's queue");
+        let printed = cli.entry(queue.to_owned()).or_insert_with(|| queue_secret(queue));
+        assert_eq!(
+            check["secret"],
+            printed.as_str(),
+            "the CLI prints the documented derivation"
+        );
+        assert_eq!(
+            check["by_master"], false,
+            "an event verifies only with its queue's secret"
+        );
+    }
+    checked.iter().filter(|c| c["verified"] == true).count()
 }
 
 /// Exactly one event per completion, whichever statement completes the
@@ -666,8 +738,437 @@ async fn a_cancel_fires_the_webhook(backend: Backend) {
     assert_eq!(verify_in_python(&hits_after), 1);
 }
 
+/// A producer of queue `a` points a parent at queue `b`'s receiver: the
+/// event arrives, but it does not verify with `b`'s secret (it is signed
+/// with `a`'s), while `b`'s own events do. The secrets are the CLI's.
+async fn a_receiver_of_one_queue_rejects_another_queues_events(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let db = TestDatabase::new(backend).await;
+    let service = start_service("hooks-tenants", &db, &webhook_flags(receiver.port, "200")).await;
+    let base = service.base.as_str();
+    let skipped = json!([{"skip": "nothing to do"}]);
+    for (parent, queue) in [("T-a", "a"), ("T-b", "b")] {
+        let (status, reply) = put(
+            base,
+            &format!("/v1/parents/{parent}"),
+            json!({"queue": queue, "children": skipped, "webhook_url": receiver.url("b-receiver")}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+    }
+    let (hits, _) = eventually("both events", Duration::from_secs(20), || async {
+        let hits = receiver.hits_for("b-receiver");
+        (hits.len() == 2).then_some(hits)
+    })
+    .await;
+    let b_secret = queue_secret("b");
+    assert_ne!(b_secret, queue_secret("a"));
+    assert_ne!(b_secret, SECRET);
+    let verdicts = run_python("with", &b_secret, &hits);
+    for (hit, verdict) in hits.iter().zip(&verdicts) {
+        let body: Value = serde_json::from_str(&hit.body).unwrap();
+        let queue = body["data"]["queue"].as_str().unwrap();
+        assert_eq!(
+            verdict["verified"],
+            queue == "b",
+            "queue {queue}'s event against queue b's secret"
+        );
+        assert_eq!(hit.queue, queue);
+    }
+    assert_eq!(verify_in_python(&hits), 2, "each verifies with its own queue's secret");
+    eprintln!("webhooks[{backend:?}]: queue a's event sent to queue b's receiver fails b's secret; b's own passes");
+}
+
+/// A receiver on an allowed host answers 200 with an endless body, to four
+/// events at once: the sender reads a few KiB of each and hangs up, and the
+/// service's peak memory barely moves.
+async fn a_huge_answer_is_not_read(backend: Backend) {
+    const ANSWER: u64 = 256 * 1024 * 1024;
+    const EVENTS: usize = 4;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let answers = Arc::clone(&written);
+    let receiver = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let answers = Arc::clone(&answers);
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut head = Vec::new();
+                let mut buf = [0u8; 8192];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {ANSWER}\r\n\r\n"
+                );
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let block = vec![b'x'; 1 << 20];
+                let mut sent = 0u64;
+                while sent < ANSWER && stream.write_all(&block).await.is_ok() {
+                    sent += block.len() as u64;
+                }
+                answers.lock().unwrap().push(sent);
+            });
+        }
+    });
+    let db = TestDatabase::new(backend).await;
+    let service = start_service("hooks-huge", &db, &webhook_flags(port, "60000")).await;
+    let base = service.base.as_str();
+    let peak_before = peak_rss_kib(service.pid());
+    for i in 0..EVENTS {
+        let (status, reply) = put(
+            base,
+            &format!("/v1/parents/HUGE-{i}"),
+            json!({"queue": "hooks", "children": [{"skip": "x"}], "webhook_url": format!("http://127.0.0.1:{port}/hook")}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+    }
+    let (sent, took) = eventually("every answer cut off", Duration::from_secs(60), || async {
+        let sent = written.lock().unwrap().clone();
+        (sent.len() == EVENTS).then_some(sent)
+    })
+    .await;
+    for i in 0..EVENTS {
+        let (deliveries, _) = deliveries_in(base, &format!("HUGE-{i}"), "delivered", Duration::from_secs(20)).await;
+        assert_eq!(deliveries[0]["attempts"][0]["status_code"], 200);
+    }
+    let peak_after = peak_rss_kib(service.pid());
+    receiver.abort();
+    eprintln!(
+        "webhooks[{backend:?}]: {EVENTS} answers of {} MiB each: the receiver got {:?} MiB in before the sender hung up \
+         ({took:?}); peak RSS {} -> {} MiB",
+        ANSWER >> 20,
+        sent.iter().map(|s| s >> 20).collect::<Vec<_>>(),
+        peak_before / 1024,
+        peak_after / 1024
+    );
+    assert!(
+        sent.iter().all(|s| *s < 64 * 1024 * 1024),
+        "each answer is dropped after a few KiB (what was written is socket buffers): {sent:?}"
+    );
+    assert!(
+        peak_after < peak_before + 48 * 1024,
+        "peak RSS grew from {peak_before} KiB to {peak_after} KiB"
+    );
+}
+
+/// The process's peak resident set (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status (Linux)");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+/// A resolver whose answers the test scripts: each call takes the next
+/// answer of the script, and repeats the last one once it runs out.
+#[derive(Debug, Default)]
+struct ScriptedResolver {
+    script: Mutex<VecDeque<IpAddr>>,
+    last: Mutex<Option<IpAddr>>,
+    asked: AtomicUsize,
+}
+
+impl ScriptedResolver {
+    fn answering(ips: &[&str]) -> Arc<Self> {
+        let resolver = Arc::new(Self::default());
+        resolver.set(ips);
+        resolver
+    }
+
+    fn set(&self, ips: &[&str]) {
+        *self.script.lock().unwrap() = ips.iter().map(|ip| ip.parse().unwrap()).collect();
+    }
+
+    fn asked(&self) -> usize {
+        self.asked.load(Ordering::SeqCst)
+    }
+}
+
+impl Resolve for ScriptedResolver {
+    fn resolve<'a>(
+        &'a self,
+        _host: &'a str,
+        port: u16,
+    ) -> futures::future::BoxFuture<'a, std::io::Result<Vec<SocketAddr>>> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let mut last = self.last.lock().unwrap();
+        if let Some(next) = self.script.lock().unwrap().pop_front() {
+            *last = Some(next);
+        }
+        let answer = last.map(|ip| SocketAddr::new(ip, port));
+        Box::pin(async move {
+            answer
+                .map(|a| vec![a])
+                .ok_or_else(|| std::io::Error::other("no answer scripted"))
+        })
+    }
+}
+
+/// The service in this process, with `allow` as its allowed webhook hosts;
+/// its sender is started by `start_sender`, with the test's resolver.
+struct InProcess {
+    base: String,
+    state: child_ledger::AppState,
+    allow: String,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _db: TestDatabase,
+}
+
+impl InProcess {
+    async fn start(backend: Backend, allow: &str) -> Self {
+        let db = TestDatabase::new(backend).await;
+        let store = child_ledger::store::Store::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        let limits = Limits {
+            webhook_allow_hosts: AllowHosts::parse(allow).unwrap(),
+            ..Limits::default()
+        };
+        let state = child_ledger::AppState::new(store, limits);
+        let router = child_ledger::app(state.clone(), Duration::from_secs(60));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Self {
+            base,
+            state,
+            allow: allow.to_owned(),
+            tasks: vec![server],
+            _db: db,
+        }
+    }
+
+    fn start_sender(&mut self, resolver: Arc<ScriptedResolver>) {
+        let sender = WebhookSender {
+            secret: WebhookSecret::parse(SECRET).unwrap(),
+            allow: AllowHosts::parse(&self.allow).unwrap(),
+            schedule: RetrySchedule::parse("200,200").unwrap(),
+            poll: Duration::from_millis(100),
+            timeout: Duration::from_millis(1500),
+            resolver,
+        };
+        self.tasks.push(tokio::spawn(child_ledger::jobs::send_webhooks(
+            self.state.clone(),
+            sender,
+        )));
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A name that resolved to a public address when the parent was registered
+/// resolves to 127.0.0.1 when the event is sent (DNS rebinding): the sender
+/// checks the address it got at send time and does not connect, attempt
+/// after attempt; the service listening on 127.0.0.1 is never reached.
+async fn a_name_rebound_to_loopback_is_not_reached(backend: Backend) {
+    let internal = Receiver::start().await;
+    let allow = format!("hooks.example.test:{}", internal.port);
+    let mut app = InProcess::start(backend, &allow).await;
+    let resolver = ScriptedResolver::answering(&["93.184.216.34"]);
+    let url = format!("http://hooks.example.test:{}/hook/rebound", internal.port);
+    let (status, reply) = put(
+        &app.base,
+        "/v1/parents/REBOUND",
+        json!({"queue": "hooks", "children": [{"skip": "x"}], "webhook_url": url}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    // The name's answer changes before the send.
+    resolver.set(&["127.0.0.1"]);
+    app.start_sender(Arc::clone(&resolver));
+    let (deliveries, _) = deliveries_in(&app.base, "REBOUND", "failed", Duration::from_secs(20)).await;
+    let attempts = deliveries[0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "{attempts:?}");
+    for attempt in attempts {
+        let error = attempt["error"].as_str().unwrap_or_default();
+        assert!(
+            attempt["status_code"].is_null() && error.contains("127.0.0.1 is loopback"),
+            "{attempt}"
+        );
+    }
+    assert!(
+        internal.hits().is_empty(),
+        "127.0.0.1 was reached: {:?}",
+        internal.hits()
+    );
+    assert_eq!(resolver.asked(), 3, "resolved once per attempt");
+    eprintln!(
+        "webhooks[{backend:?}]: rebound to 127.0.0.1: 3 attempts refused ({})",
+        attempts[0]["error"]
+    );
+}
+
+/// The sender connects to the address it checked, not to whatever a second
+/// lookup of the name says: the resolver alternates between an allowed
+/// address (127.0.0.2, named in the allow list) and 127.0.0.1 (not), one
+/// answer per lookup. Every connection goes to 127.0.0.2, with the URL's
+/// host name in `Host`; the lookup that answered 127.0.0.1 connected nowhere.
+async fn the_checked_address_is_the_one_connected_to(backend: Backend) {
+    let port = free_port();
+    let mut allowed = Receiver::on_address(IpAddr::from([127, 0, 0, 2]), port);
+    allowed.listen().await;
+    let mut internal = Receiver::on(port);
+    internal.listen().await;
+    let allow = format!("hooks.example.test:{port}, 127.0.0.2:{port}");
+    let mut app = InProcess::start(backend, &allow).await;
+    let resolver = ScriptedResolver::answering(&["127.0.0.2", "127.0.0.1", "127.0.0.2"]);
+    app.start_sender(Arc::clone(&resolver));
+    let url = format!("http://hooks.example.test:{port}/hook/pinned");
+    let (status, reply) = put(
+        &app.base,
+        "/v1/parents/PINNED",
+        json!({"queue": "hooks", "children": [{"skip": "x"}], "webhook_url": url}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    deliveries_in(&app.base, "PINNED", "delivered", Duration::from_secs(20)).await;
+    // Again: the next lookup answers 127.0.0.1 (refused), the one after 127.0.0.2.
+    let (status, _) = post(&app.base, "/v1/parents/PINNED/deliveries/redeliver", json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (deliveries, _) = eventually(
+        "redelivered after a refused attempt",
+        Duration::from_secs(20),
+        || async {
+            let (_, reply) = get(&app.base, "/v1/parents/PINNED/deliveries").await;
+            let delivery = reply["deliveries"][0].clone();
+            (delivery["state"] == "delivered" && delivery["attempts"].as_array().is_some_and(|a| a.len() == 3))
+                .then_some(delivery)
+        },
+    )
+    .await;
+    let errors: Vec<&Value> = deliveries["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["error"])
+        .collect();
+    assert!(errors[0].is_null() && errors[2].is_null(), "{errors:?}");
+    assert!(
+        errors[1].as_str().unwrap().contains("127.0.0.1 is loopback"),
+        "{errors:?}"
+    );
+    let hits = allowed.hits_for("pinned");
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits.iter().all(|h| h.host == format!("hooks.example.test:{port}")),
+        "{hits:?}"
+    );
+    assert!(
+        internal.hits().is_empty(),
+        "127.0.0.1 was reached: {:?}",
+        internal.hits()
+    );
+    assert_eq!(resolver.asked(), 3, "one lookup per attempt");
+    eprintln!(
+        "webhooks[{backend:?}]: 3 lookups (127.0.0.2, 127.0.0.1, 127.0.0.2): 2 deliveries to 127.0.0.2, none to 127.0.0.1"
+    );
+}
+
+/// URLs that parsers read differently are refused at registration, naming
+/// the field, and nothing is written.
+async fn ambiguous_urls_are_refused_at_registration(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let flags = [
+        "--webhook-allow-hosts",
+        "127.0.0.1, hooks.example.test",
+        "--webhook-secret",
+        SECRET,
+    ]
+    .map(String::from);
+    let service = start_service("hooks-ambiguous", &db, &flags).await;
+    let base = service.base.as_str();
+    for url in [
+        "http://2130706433/",
+        "http://0x7f000001/",
+        "http://0x7f.1/",
+        "http://017700000001/",
+        "http://127.1/",
+        "http://h\\@127.0.0.1/",
+        "http://hooks\u{ff0e}example\u{ff0e}test/",
+        " http://hooks.example.test/",
+        "http://hooks.example.test/#x",
+        "http://u@hooks.example.test/",
+    ] {
+        let (status, problem) = put(
+            base,
+            "/v1/parents/AMBIGUOUS",
+            json!({"children": [{"skip": "x"}], "webhook_url": url}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{url:?}: {problem}");
+        assert_eq!(problem["field"], "webhook_url", "{url:?}");
+    }
+    let (status, _) = get(base, "/v1/parents/AMBIGUOUS").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, reply) = put(
+        base,
+        "/v1/parents/PLAIN",
+        json!({"children": [{"skip": "x"}], "webhook_url": "http://127.0.0.1/"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+}
+
+/// An allowed name that resolves to a loopback address (`localhost`) is not
+/// connected to: loopback is reached only when the allow list names the
+/// address itself.
+async fn an_allowed_name_resolving_to_loopback_is_refused(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let db = TestDatabase::new(backend).await;
+    let allow = format!("localhost:{}", receiver.port);
+    let flags = [
+        "--webhook-allow-hosts",
+        &allow,
+        "--webhook-secret",
+        SECRET,
+        "--webhook-retry-schedule-ms",
+        "100",
+        "--webhook-poll-ms",
+        "100",
+    ]
+    .map(String::from);
+    let service = start_service("hooks-localhost", &db, &flags).await;
+    let base = service.base.as_str();
+    let url = format!("http://localhost:{}/hook/local", receiver.port);
+    let (status, reply) = put(
+        base,
+        "/v1/parents/LOCAL",
+        json!({"children": [{"skip": "x"}], "webhook_url": url}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let (deliveries, _) = deliveries_in(base, "LOCAL", "failed", Duration::from_secs(20)).await;
+    let error = deliveries[0]["attempts"][0]["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("loopback"), "{error}");
+    assert!(receiver.hits().is_empty(), "{:?}", receiver.hits());
+}
+
 both_stores!(
     a_cancel_fires_the_webhook,
+    a_receiver_of_one_queue_rejects_another_queues_events,
+    a_huge_answer_is_not_read,
+    a_name_rebound_to_loopback_is_not_reached,
+    the_checked_address_is_the_one_connected_to,
+    ambiguous_urls_are_refused_at_registration,
+    an_allowed_name_resolving_to_loopback_is_refused,
     one_event_per_completion,
     retries_keep_the_id,
     delivered_after_sigkill,

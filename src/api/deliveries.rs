@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{AppJson, parent_id_param};
+use super::guard::Caller;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::ParentId;
 use crate::state::AppState;
@@ -21,7 +22,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(redeliver))
 }
 
-/// A parent's completion events: one per completion, while it has a `webhook_url`.
+/// A parent's completion events: one per completion, while it has a `webhook_url`
+/// (each `url` with its query string shown only to an admin, `?redacted` otherwise).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Deliveries {
     pub parent_id: ParentId,
@@ -44,9 +46,13 @@ pub struct Deliveries {
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn list_deliveries(State(state): State<AppState>, Path(parent_id): Path<String>) -> ApiResult<Json<Deliveries>> {
+async fn list_deliveries(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(parent_id): Path<String>,
+) -> ApiResult<Json<Deliveries>> {
     let parent_id = parent_id_param(&parent_id)?;
-    let deliveries = state.store.deliveries(&parent_id).await?;
+    let deliveries = caller.shown_deliveries(state.store.deliveries(&parent_id).await?);
     Ok(Json(Deliveries { parent_id, deliveries }))
 }
 
@@ -72,6 +78,7 @@ pub struct Redeliver {}
 )]
 async fn redeliver(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     _body: AppJson<Redeliver>,
 ) -> ApiResult<(StatusCode, Json<Deliveries>)> {
@@ -81,6 +88,6 @@ async fn redeliver(
             "parent {parent_id} has no completion event to redeliver (not complete, or no webhook_url)"
         )));
     }
-    let deliveries = state.store.deliveries(&parent_id).await?;
+    let deliveries = caller.shown_deliveries(state.store.deliveries(&parent_id).await?);
     Ok((StatusCode::ACCEPTED, Json(Deliveries { parent_id, deliveries })))
 }

@@ -6,6 +6,13 @@
 //! is written from the same table. Access is denied by default: an
 //! operation the table does not name is refused, and a service with such an
 //! operation does not start (`check_rules`).
+//!
+//! For a token limited to some queues, a parent named in the path is looked
+//! up before the request is otherwise checked, and one that is not in the
+//! token's queues, whether it is another queue's or does not exist at all,
+//! is answered 404 then and there: the two cases cannot be told apart by how
+//! the rest of the request (a bad query, a bad body) is answered. Only a
+//! registration, which is how a parent comes to exist, checks its body first.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -202,10 +209,11 @@ pub async fn guard(
         // Not a method of this route: nothing runs, and axum answers 405.
         None => return next.run(request).await,
     };
-    match admit(&state, needed, &params, request.method(), request.headers()).await {
+    let route = matched.as_str();
+    match admit(&state, needed, &params, request.method(), route, request.headers()).await {
         Ok(grant) => {
             request.extensions_mut().insert(Caller(grant));
-            if !carries_bulk(request.method(), matched.as_str()) {
+            if !carries_bulk(request.method(), route) {
                 request = limit_body(request, SMALL_BODY_BYTES);
                 return next.run(request).await;
             }
@@ -257,10 +265,15 @@ async fn admit(
     needed: Role,
     params: &RawPathParams,
     method: &Method,
+    route: &str,
     headers: &HeaderMap,
 ) -> ApiResult<Arc<Grant>> {
-    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let grant = state.access.authenticate(authorization).map_err(|failure| {
+    let authorization: Vec<&[u8]> = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    let grant = state.access.authenticate(&authorization).map_err(|failure| {
         state.metrics.auth_failure(failure.as_str());
         ApiError::Unauthenticated(failure)
     })?;
@@ -271,13 +284,15 @@ async fn admit(
     if *method == Method::POST || *method == Method::PUT {
         require_json(headers)?;
     }
-    if !grant.queues.is_every()
-        && let Err(err) = in_scope(state, &grant, params).await
-    {
-        state.metrics.auth_failure("outside_queues");
-        return Err(err);
+    if !grant.queues.is_every() {
+        in_scope(state, &grant, params, registers(method, route)).await?;
     }
     Ok(grant)
+}
+
+/// The registration route: the parent it names does not exist yet.
+fn registers(method: &Method, route: &str) -> bool {
+    *method == Method::PUT && route == "/v1/parents/{parent_id}"
 }
 
 /// A write must be declared JSON, even with an empty body: a browser sends
@@ -297,29 +312,72 @@ fn require_json(headers: &HeaderMap) -> ApiResult<()> {
 }
 
 /// A parent or queue in the path outside the token's queues is answered as
-/// if it did not exist. (A claim id is checked by its handler, which answers
-/// an unknown claim with nothing held.)
-async fn in_scope(state: &AppState, grant: &Grant, params: &RawPathParams) -> ApiResult<()> {
+/// if it did not exist, and so is a parent that does not exist (unless the
+/// request registers it): both before anything else about the request is
+/// checked. (A claim id is checked by its handler, which answers an unknown
+/// claim with nothing held.)
+async fn in_scope(state: &AppState, grant: &Arc<Grant>, params: &RawPathParams, registering: bool) -> ApiResult<()> {
     let mut sequence = None;
     let mut parent = None;
     for (name, value) in params.iter() {
         match name {
-            "queue" if !grant.reaches(value) => return Err(ApiError::NotFound(format!("no queue {value}"))),
+            "queue" if !grant.reaches(value) => {
+                state.metrics.auth_failure("outside_queues");
+                return Err(ApiError::NotFound(format!("no queue {value}")));
+            }
             "parent_id" => parent = ParentId::parse(value).ok(),
             "sequence" => sequence = Some(value.to_owned()),
             _ => {}
         }
     }
-    // An invalid id is left for the handler to name as a bad parameter.
+    // An invalid id is left for the handler to name as a bad parameter:
+    // whether it is invalid does not depend on what exists.
     let Some(parent_id) = parent else {
         return Ok(());
     };
-    match state.store.queue_of(&parent_id).await? {
-        Some(queue) if !grant.reaches(queue.as_str()) => Err(ApiError::NotFound(match sequence {
+    if registering {
+        // The handler checks the body, then `Caller::hides_parent`.
+        return Ok(());
+    }
+    match Caller(Arc::clone(grant)).parent_reached(state, &parent_id).await? {
+        Reach::Reached => Ok(()),
+        Reach::Hidden | Reach::Missing => Err(ApiError::NotFound(match sequence {
             Some(sequence) => format!("no child {sequence} in parent {parent_id}"),
             None => format!("no parent {parent_id}"),
         })),
-        _ => Ok(()),
+    }
+}
+
+/// Whether a caller reaches a parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    Reached,
+    /// It exists, in a queue outside the caller's.
+    Hidden,
+    Missing,
+}
+
+impl Caller {
+    /// Where `parent_id` stands for this caller (counting a hidden one among
+    /// the auth failures, `outside_queues`).
+    pub async fn parent_reached(&self, state: &AppState, parent_id: &ParentId) -> ApiResult<Reach> {
+        Ok(match state.store.queue_of(parent_id).await? {
+            Some(queue) if self.0.reaches(queue.as_str()) => Reach::Reached,
+            Some(_) => {
+                state.metrics.auth_failure("outside_queues");
+                Reach::Hidden
+            }
+            None => Reach::Missing,
+        })
+    }
+
+    /// For a registration, once its body is checked: whether the id is taken
+    /// by a parent the caller does not reach, to be answered as not found.
+    pub async fn hides_parent(&self, state: &AppState, parent_id: &ParentId) -> ApiResult<bool> {
+        if self.0.queues.is_every() {
+            return Ok(false);
+        }
+        Ok(self.parent_reached(state, parent_id).await? == Reach::Hidden)
     }
 }
 

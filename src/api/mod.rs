@@ -15,6 +15,7 @@ mod outcomes;
 mod parents;
 mod queues;
 mod reconcile;
+mod redact;
 mod registration;
 mod starting;
 pub mod validate;
@@ -71,7 +72,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
             guard::guard,
         ))
         .route_layer(middleware::from_fn(etag::etag))
-        .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
+        .merge(docs(api))
         .merge(dashboard::router())
         .fallback(route_not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -82,7 +83,62 @@ pub fn router(state: AppState, request_timeout: Duration) -> axum::Router {
         ))
         .layer(middleware::from_fn_with_state(state.clone(), ops::track))
         .layer(middleware::from_fn_with_state(state.clone(), problem_for_every_error))
+        .layer(middleware::from_fn(refuse_large_heads))
         .with_state(state)
+}
+
+/// Swagger UI loads only its own files and is never framed (a page that
+/// framed it could have its "Try it out" clicked through a decoy); its
+/// styles are partly inline, its scripts are not.
+const DOCS_CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+     img-src 'self' data:; font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+/// `/docs` (Swagger UI) and `/openapi.json`, with headers that keep the page
+/// from being framed or loading anything from elsewhere.
+fn docs(api: utoipa::openapi::OpenApi) -> axum::Router<AppState> {
+    axum::Router::from(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api)).layer(
+        middleware::map_response(|mut response: Response| async move {
+            let headers = response.headers_mut();
+            for (name, value) in [
+                (header::CONTENT_SECURITY_POLICY, DOCS_CONTENT_SECURITY_POLICY),
+                (header::X_FRAME_OPTIONS, "DENY"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                (header::REFERRER_POLICY, "no-referrer"),
+            ] {
+                headers.insert(name, header::HeaderValue::from_static(value));
+            }
+            response
+        }),
+    )
+}
+
+/// The largest request head (request line and headers) the service reads:
+/// past it, `431` with a problem. hyper itself answers a bare `431` (it has
+/// no hook for a body) to a head past its own buffer (about 400 KiB) or with
+/// more than 100 headers, before any of this code runs.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Refuses a request whose head is over `MAX_HEAD_BYTES`.
+async fn refuse_large_heads(request: Request, next: Next) -> Response {
+    let uri = request.uri();
+    let head = request.method().as_str().len()
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + request
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum::<usize>();
+    if head > MAX_HEAD_BYTES {
+        let mut response = ApiError::HeadTooLarge { limit: MAX_HEAD_BYTES }.into_response();
+        // Its body, if any, is not read: the connection cannot carry another request.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        return response;
+    }
+    next.run(request).await
 }
 
 async fn route_not_found(method: Method, uri: axum::http::Uri) -> ApiError {

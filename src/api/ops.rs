@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::guard::Caller;
 use crate::access::QueueScope;
 use crate::error::{ApiResult, Problem};
 use crate::metrics::{QueueGauge, WaitingClaims};
@@ -71,19 +72,30 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
 }
 
 /// Prometheus text exposition.
+///
+/// A token limited to some queues sees only those queues' series; the
+/// process-wide ones (requests, outcomes, pools, ...) add up every queue's
+/// work and are shown only to a token that reaches every queue.
 #[utoipa::path(
     get,
     path = "/metrics",
     tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
 )]
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let queues = queue_gauges(&state).await;
+async fn metrics(State(state): State<AppState>, caller: Caller) -> impl IntoResponse {
+    let queues = queue_gauges(&state, &caller.0.queues).await;
+    let content_type = [(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    )];
+    if !caller.0.queues.is_every() {
+        return (
+            content_type,
+            state.metrics.render_queues(&queues, &|q| caller.0.reaches(q)),
+        );
+    }
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-        )],
+        content_type,
         state.metrics.render(
             &state.store.pool_stats(),
             state.store.leases_expired_total(),
@@ -97,11 +109,11 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// Each queue's open children and oldest pending age, from the queue read
-/// model (one statement, whatever the queues hold). With the database away
-/// the scrape still answers, without them.
-async fn queue_gauges(state: &AppState) -> Vec<QueueGauge> {
-    let queues = match state.store.queues(None, &QueueScope::every()).await {
+/// Each queue's (within `scope`) open children and oldest pending age, from
+/// the queue read model (one statement, whatever the queues hold). With the
+/// database away the scrape still answers, without them.
+async fn queue_gauges(state: &AppState, scope: &QueueScope) -> Vec<QueueGauge> {
+    let queues = match state.store.queues(None, scope).await {
         Ok(queues) => queues,
         Err(error) => {
             tracing::warn!(%error, "queue gauges left out of this scrape");

@@ -59,9 +59,12 @@ async fn register_parent(
             caller.0.name, registration.queue
         )));
     }
+    if caller.hides_parent(&state, &registration.parent_id).await? {
+        return Err(ApiError::NotFound(format!("no parent {}", registration.parent_id)));
+    }
     let (created, parent) = state.store.register(&registration).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(parent)))
+    Ok((status, Json(caller.shown(parent))))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -96,11 +99,13 @@ pub enum Include {
 )]
 async fn get_parent(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     AppQuery(query): AppQuery<ParentQuery>,
 ) -> ApiResult<Json<Parent>> {
     let parent_id = parent_id_param(&parent_id)?;
-    Ok(Json(state.store.parent(&parent_id, query.include.is_some()).await?))
+    let parent = state.store.parent(&parent_id, query.include.is_some()).await?;
+    Ok(Json(caller.shown(parent)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -191,7 +196,7 @@ async fn list_parents(
         })
         .await?;
     Ok(Json(ParentList {
-        parents: page.parents,
+        parents: page.parents.into_iter().map(|p| caller.shown(p)).collect(),
         next_cursor: page.next_position.map(|p| p.to_string()),
     }))
 }
@@ -242,13 +247,14 @@ async fn append_children(
 )]
 async fn seal_parent(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     AppJson(body): AppJson<SealParent>,
 ) -> ApiResult<Json<Parent>> {
     let parent_id = parent_id_param(&parent_id)?;
     let total = in_range("total", body.total, 0, i64::MAX / 2)?;
     let parent = state.store.seal(&parent_id, total).await?;
-    Ok(Json(parent))
+    Ok(Json(caller.shown(parent)))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -287,6 +293,7 @@ pub struct Cancelled {
 )]
 async fn cancel_parent(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     AppJson(body): AppJson<CancelParent>,
 ) -> ApiResult<Json<Cancelled>> {
@@ -297,7 +304,7 @@ async fn cancel_parent(
     }
     super::validate::max_chars("reason", reason, super::validate::MAX_REASON_CHARS)?;
     let skipped = state.store.cancel(&parent_id, reason).await?;
-    let parent = state.store.parent(&parent_id, false).await?;
+    let parent = caller.shown(state.store.parent(&parent_id, false).await?);
     Ok(Json(Cancelled { skipped, parent }))
 }
 

@@ -49,7 +49,10 @@ pub struct RegisterParent {
     #[serde(default, deserialize_with = "whole::option")]
     priority: Option<i32>,
     /// Where to `POST` the `parent.completed` event when the parent completes
-    /// (signed, Standard Webhooks); its host must be in `--webhook-allow-hosts`.
+    /// (signed, Standard Webhooks, with the queue's secret); its host must be
+    /// in `--webhook-allow-hosts`. Written as the WHATWG URL parser writes it
+    /// back (lowercase host, no default port, a path), without credentials
+    /// or fragment; readers other than admins see its query as `?redacted`.
     #[schema(example = "https://hooks.example.com/ledger", max_length = 2048)]
     webhook_url: Option<String>,
 }

@@ -2,16 +2,17 @@
 //! lease, `POST`s each signed the Standard Webhooks way, and records every
 //! attempt. Every replica runs one; the leases keep them off each other's
 //! attempts, and a killed replica's lease runs out for another to take over.
+//! Each event is signed with its queue's secret (derived from the master
+//! `--webhook-secret`), so a receiver of one queue cannot be sent a validly
+//! signed event of another. At most `BATCH` attempts run at once, each
+//! holding at most a small, fixed buffer of its answer (`webhook_client`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{SecondsFormat, Utc};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
+use super::webhook_client::{self, Resolve};
 use crate::ledger::webhook::{AllowHosts, RetrySchedule, WebhookSecret};
 use crate::state::AppState;
 use crate::store::{AttemptOutcome, DueEvent};
@@ -19,28 +20,28 @@ use crate::store::{AttemptOutcome, DueEvent};
 /// Events claimed per round; a full round is followed by another at once.
 const BATCH: i64 = 32;
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// The header that names the event's queue: which queue's secret verifies
+/// it (the signed body says so too, in `data.queue`).
+pub const QUEUE_HEADER: &str = "child-ledger-queue";
 
 /// What the sender needs from the configuration.
 #[derive(Debug, Clone)]
 pub struct WebhookSender {
+    /// The master secret: each queue's events are signed with
+    /// `secret.for_queue(queue)`.
     pub secret: WebhookSecret,
     pub allow: AllowHosts,
     pub schedule: RetrySchedule,
     pub poll: Duration,
     /// Longest one attempt may take; the lease is twice that.
     pub timeout: Duration,
+    /// Resolves host names at every attempt.
+    pub resolver: Arc<dyn Resolve>,
 }
 
 /// Delivers due events until the process ends: at once when this process
 /// completes a parent, and every `poll` for other replicas' and retries.
 pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .build();
-    let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector);
     let me = format!("{:016x}", state.replica);
     let lease = sender.timeout * 2;
     // A round's attempts all finish (each within the timeout) before it stops.
@@ -49,9 +50,7 @@ pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
         match state.store.claim_webhooks(BATCH, lease).await {
             Ok(events) => {
                 full = events.len() as i64 == BATCH;
-                let attempts = events
-                    .into_iter()
-                    .map(|event| attempt(&state, &client, &sender, &me, event));
+                let attempts = events.into_iter().map(|event| attempt(&state, &sender, &me, event));
                 futures::future::join_all(attempts).await;
             }
             Err(err) => tracing::warn!(error = %err, "webhook claim failed; retrying"),
@@ -72,9 +71,12 @@ pub async fn send_webhooks(state: AppState, sender: WebhookSender) {
 }
 
 /// One attempt at one event, recorded.
-async fn attempt(state: &AppState, client: &HttpsClient, sender: &WebhookSender, me: &str, event: DueEvent) {
+async fn attempt(state: &AppState, sender: &WebhookSender, me: &str, event: DueEvent) {
     let webhook_id = event.webhook_id();
-    let (status_code, error) = match post(state, client, sender, &event, &webhook_id).await {
+    let sent = tokio::time::timeout(sender.timeout, post(state, sender, &event, &webhook_id))
+        .await
+        .unwrap_or_else(|_| Err(format!("timed out after {} ms", sender.timeout.as_millis())));
+    let (status_code, error) = match sent {
         Ok(status) if (200..300).contains(&status) => (Some(status), None),
         Ok(status) => (Some(status), Some(format!("answered {status}"))),
         Err(error) => (None, Some(error)),
@@ -116,15 +118,11 @@ async fn attempt(state: &AppState, client: &HttpsClient, sender: &WebhookSender,
 }
 
 /// Sends the event; its status, or why there was none.
-async fn post(
-    state: &AppState,
-    client: &HttpsClient,
-    sender: &WebhookSender,
-    event: &DueEvent,
-    webhook_id: &str,
-) -> Result<u16, String> {
-    // Checked again at every attempt: the allowed hosts may have changed.
-    sender.allow.check(&event.url)?;
+async fn post(state: &AppState, sender: &WebhookSender, event: &DueEvent, webhook_id: &str) -> Result<u16, String> {
+    // Checked again at every attempt: the allowed hosts may have changed, and
+    // the name is resolved (and its addresses checked) now, not at registration.
+    let target = sender.allow.check(&event.url)?;
+    let addresses = webhook_client::checked_addresses(&target, &sender.allow, sender.resolver.as_ref()).await?;
     let body = match &event.body {
         Some(body) => body.clone(),
         None => {
@@ -136,35 +134,34 @@ async fn post(
                 .map_err(|e| format!("database: {e}"))?
         }
     };
+    let queue = queue_of_body(&body)?;
     let timestamp = Utc::now().timestamp();
-    let request = hyper::Request::post(&event.url)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(
-            hyper::header::USER_AGENT,
-            concat!("child-ledger/", env!("CARGO_PKG_VERSION")),
-        )
-        .header("webhook-id", webhook_id)
-        .header("webhook-timestamp", timestamp.to_string())
-        .header("webhook-signature", sender.secret.sign(webhook_id, timestamp, &body))
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| format!("request: {e}"))?;
-    let exchange = async {
-        let response = client
-            .request(request)
-            .await
-            .map_err(|e| format!("connection: {}", chain(&e)))?;
-        let status = response.status().as_u16();
-        // Read (and drop) the answer so the connection can be reused.
-        let _ = response.into_body().collect().await;
-        Ok(status)
-    };
-    tokio::time::timeout(sender.timeout, exchange)
-        .await
-        .unwrap_or_else(|_| Err(format!("timed out after {} ms", sender.timeout.as_millis())))
+    let signature = sender.secret.for_queue(&queue).sign(webhook_id, timestamp, &body);
+    let headers = [
+        ("content-type", "application/json".to_owned()),
+        (
+            "user-agent",
+            concat!("child-ledger/", env!("CARGO_PKG_VERSION")).to_owned(),
+        ),
+        ("webhook-id", webhook_id.to_owned()),
+        ("webhook-timestamp", timestamp.to_string()),
+        ("webhook-signature", signature),
+        (QUEUE_HEADER, queue),
+    ];
+    webhook_client::post(&target, addresses, &headers, body).await
+}
+
+/// The queue an event body names (`data.queue`): whose secret signs it.
+fn queue_of_body(body: &str) -> Result<String, String> {
+    let body: serde_json::Value = serde_json::from_str(body).map_err(|e| format!("event body: {e}"))?;
+    body["data"]["queue"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| "the event body names no queue".to_owned())
 }
 
 /// An error with its causes (hyper's own words are terse: "client error (Connect)").
-fn chain(error: &dyn std::error::Error) -> String {
+pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -15,10 +15,17 @@ impl fmt::Display for InvalidId {
     }
 }
 
-/// A client-chosen parent id: 1-200 chars of `A-Z a-z 0-9 . _ : ~ -`.
+/// A client-chosen parent id: 1-200 chars of `A-Z a-z 0-9 . _ : ~ -`, other
+/// than `.` and `..` (path segments that URL normalisers remove, so a URL
+/// naming them would reach another route). The pattern says the same
+/// without a lookahead, which not every validator has.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
 #[serde(try_from = "String", into = "String")]
-#[schema(value_type = String, pattern = "^[A-Za-z0-9._:~-]{1,200}$", example = "P-42")]
+#[schema(
+    value_type = String,
+    pattern = r"^([A-Za-z0-9_:~-][A-Za-z0-9._:~-]{0,199}|\.[A-Za-z0-9_:~-][A-Za-z0-9._:~-]{0,198}|\.\.[A-Za-z0-9._:~-]{1,198})$",
+    example = "P-42"
+)]
 pub struct ParentId(String);
 
 impl ParentId {
@@ -36,6 +43,11 @@ impl ParentId {
         if let Some(bad) = raw.chars().find(|c| !valid_char(*c)) {
             return Err(InvalidId(format!(
                 "may only contain A-Z a-z 0-9 . _ : ~ -, found {bad:?}"
+            )));
+        }
+        if raw == "." || raw == ".." {
+            return Err(InvalidId(format!(
+                "{raw:?} is a path segment URL normalisers remove, so no URL could name it reliably"
             )));
         }
         Ok(Self(raw.to_owned()))
@@ -148,6 +160,11 @@ mod tests {
         assert!(ParentId::parse("has space").is_err());
         assert!(ParentId::parse("slash/no").is_err());
         assert!(ParentId::parse("é").is_err());
+        assert!(ParentId::parse(".").is_err());
+        assert!(ParentId::parse("..").is_err());
+        for fine in ["...", ".a", "..a", "a.", "a..", ".-", "~"] {
+            assert!(ParentId::parse(fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub struct Parent {
     pub expired_lease: ExpiredLease,
     /// Queue claims serve higher priorities first (-100..100).
     pub priority: i32,
-    /// Where its completion event is delivered (`POST`); `null`: none.
+    /// Where its completion event is delivered (`POST`); `null`: none. Its
+    /// query string, which may hold the receiver's secret, is shown only to
+    /// an admin: every other caller sees it as `?redacted`.
     pub webhook_url: Option<String>,
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,

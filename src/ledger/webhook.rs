@@ -1,5 +1,6 @@
-//! Completion webhooks, the pure rules: which hosts a `webhook_url` may name
-//! (SSRF), the Standard Webhooks signature, and the retry schedule.
+//! Completion webhooks, the pure rules: the Standard Webhooks signature,
+//! keyed per queue, and the retry schedule (where a webhook may go is
+//! `allow_hosts`).
 
 use std::time::Duration;
 
@@ -13,73 +14,15 @@ use sha2::Sha256;
 pub const DEFAULT_RETRY_SCHEDULE_MS: [u64; 7] =
     [5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000];
 
-/// Host patterns a `webhook_url` must match (`--webhook-allow-hosts`):
-/// `host`, `host:port`, `*.domain` (any subdomain) or `*.domain:port`. Empty:
-/// no `webhook_url` is accepted.
-#[derive(Debug, Clone, Default)]
-pub struct AllowHosts(Vec<String>);
-
-impl AllowHosts {
-    /// Comma-separated patterns; blanks are ignored.
-    pub fn parse(list: &str) -> Self {
-        Self(
-            list.split(',')
-                .map(|p| p.trim().to_ascii_lowercase())
-                .filter(|p| !p.is_empty())
-                .collect(),
-        )
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Checks a `webhook_url`: absolute `http`/`https`, no credentials, and a
-    /// host (or `host:port`) one of the patterns allows. The error says why not.
-    pub fn check(&self, raw: &str) -> Result<url::Url, String> {
-        let url = url::Url::parse(raw).map_err(|e| format!("not an absolute URL ({e})"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err("must be an http or https URL".to_owned());
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err("must not carry credentials".to_owned());
-        }
-        let host = url.host_str().ok_or("must name a host")?.to_ascii_lowercase();
-        let port = url.port_or_known_default().unwrap_or(0);
-        if self.0.is_empty() {
-            return Err("webhooks are not enabled: the service allows no webhook host (--webhook-allow-hosts)".into());
-        }
-        if self.0.iter().any(|pattern| pattern_allows(pattern, &host, port)) {
-            Ok(url)
-        } else {
-            Err(format!("host {host}:{port} is not in --webhook-allow-hosts"))
-        }
-    }
-}
-
-fn pattern_allows(pattern: &str, host: &str, port: u16) -> bool {
-    // A port is the part after the last colon outside IPv6 brackets.
-    let (host_pattern, port_pattern) = match pattern.rsplit_once(':') {
-        Some((h, p)) if !p.contains(']') && p.chars().all(|c| c.is_ascii_digit()) => (h, p.parse::<u16>().ok()),
-        _ => (pattern, None),
-    };
-    if port_pattern.is_some_and(|p| p != port) {
-        return false;
-    }
-    match host_pattern.strip_prefix("*.") {
-        Some(domain) => {
-            host.len() > domain.len() + 1 && host.ends_with(domain) && {
-                let cut = host.len() - domain.len();
-                host.as_bytes()[cut - 1] == b'.'
-            }
-        }
-        None => host_pattern == host,
-    }
-}
+pub use super::allow_hosts::AllowHosts;
 
 /// A Standard Webhooks secret: `whsec_` and the base64 of the key.
 #[derive(Clone)]
 pub struct WebhookSecret(Vec<u8>);
+
+/// The HKDF salt of the per-queue secrets: names what they are for, and
+/// their version.
+const QUEUE_SECRET_SALT: &[u8] = b"child-ledger/webhook-queue-secret/v1";
 
 impl std::fmt::Debug for WebhookSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -101,6 +44,19 @@ impl WebhookSecret {
         Ok(Self(key))
     }
 
+    /// The secret that signs `queue`'s events: HKDF-SHA256 (RFC 5869) of
+    /// this (master) key, salt `child-ledger/webhook-queue-secret/v1`, info
+    /// the queue name, 32 bytes. A receiver holds only its queues' secrets,
+    /// so an event that verifies with one is an event of that queue.
+    pub fn for_queue(&self, queue: &str) -> Self {
+        Self(hkdf_sha256(QUEUE_SECRET_SALT, &self.0, queue.as_bytes()).to_vec())
+    }
+
+    /// `whsec_` and the base64 of the key, as `parse` reads it.
+    pub fn to_whsec(&self) -> String {
+        format!("whsec_{}", STANDARD.encode(&self.0))
+    }
+
     /// `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`.
     pub fn sign(&self, id: &str, timestamp: i64, body: &str) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
@@ -111,6 +67,18 @@ impl WebhookSecret {
         mac.update(body.as_bytes());
         format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
     }
+}
+
+/// HKDF-SHA256 (RFC 5869) with an output of one block (32 bytes):
+/// `PRK = HMAC(salt, ikm)`, `OKM = HMAC(PRK, info || 0x01)`.
+fn hkdf_sha256(salt: &[u8], ikm: &[u8], info: &[u8]) -> [u8; 32] {
+    let mut extract = Hmac::<Sha256>::new_from_slice(salt).expect("HMAC takes a key of any length");
+    extract.update(ikm);
+    let pseudorandom = extract.finalize().into_bytes();
+    let mut expand = Hmac::<Sha256>::new_from_slice(&pseudorandom).expect("HMAC takes a key of any length");
+    expand.update(info);
+    expand.update(&[1]);
+    expand.finalize().into_bytes().into()
 }
 
 /// The delays between attempts (`--webhook-retry-schedule-ms`).
@@ -155,24 +123,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hosts_match_exactly_by_port_or_by_subdomain() {
-        let allow = AllowHosts::parse("hooks.example.com, 127.0.0.1:9000 ,*.corp.test,[::1]:81");
-        assert!(allow.check("https://hooks.example.com/x").is_ok());
-        assert!(allow.check("http://HOOKS.example.com:8080/x").is_ok());
-        assert!(allow.check("http://127.0.0.1:9000/").is_ok());
-        assert!(allow.check("http://127.0.0.1:9001/").is_err());
-        assert!(allow.check("https://a.b.corp.test/").is_ok());
-        assert!(allow.check("https://corp.test/").is_err());
-        assert!(allow.check("https://evilcorp.test/").is_err());
-        assert!(allow.check("http://[::1]:81/").is_ok());
-        assert!(allow.check("ftp://hooks.example.com/").is_err());
-        assert!(allow.check("https://u:p@hooks.example.com/").is_err());
-        assert!(allow.check("/relative").is_err());
-        assert!(allow.check("https://hooks.example.com.evil.test/").is_err());
-        assert!(AllowHosts::parse("").check("https://hooks.example.com/").is_err());
-    }
-
-    #[test]
     fn signature_is_the_standard_webhooks_one() {
         // The example of the Standard Webhooks specification.
         let secret = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
@@ -182,7 +132,26 @@ mod tests {
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
         assert!(WebhookSecret::parse("MfKQ9r8G").is_err());
+        assert_eq!(WebhookSecret::parse(&secret.to_whsec()).unwrap().0, secret.0);
         assert!(WebhookSecret::parse("whsec_!!").is_err());
+    }
+
+    #[test]
+    fn each_queue_has_its_own_secret() {
+        let master = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let a = master.for_queue("a");
+        assert_ne!(a.0, master.0);
+        assert_ne!(a.0, master.for_queue("b").0);
+        assert_eq!(a.0, master.for_queue("a").0, "derived, not random");
+        assert_eq!(a.0.len(), 32);
+        assert_ne!(a.sign("msg_1", 1, "{}"), master.for_queue("b").sign("msg_1", 1, "{}"));
+        // RFC 5869, test case 1 (the first 32 bytes of its 42-byte OKM).
+        let salt: Vec<u8> = (0u8..=0x0c).collect();
+        let info: Vec<u8> = (0xf0u8..=0xf9).collect();
+        assert_eq!(
+            hex::encode(hkdf_sha256(&salt, &[0x0b; 22], &info)),
+            "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
+        );
     }
 
     #[test]

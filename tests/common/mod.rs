@@ -254,6 +254,21 @@ pub async fn spawn_app_with_tokens(backend: Backend, entries: Value) -> TestApp 
     .await
 }
 
+/// As `spawn_app_with_tokens`, with these limits.
+pub async fn spawn_app_with_tokens_and_limits(backend: Backend, entries: Value, limits: Limits) -> TestApp {
+    let tokens = TokenSet::parse(&serde_json::json!({ "tokens": entries }).to_string()).expect("tokens");
+    let (database_url, dir) = new_database(backend).await;
+    start_app(
+        backend,
+        database_url,
+        dir,
+        limits,
+        Arc::new(Access::from_tokens(tokens)),
+        true,
+    )
+    .await
+}
+
 /// A fresh token with `roles` on `queues` (every queue when empty): the token
 /// and its tokens-file entry.
 pub fn token(name: &str, roles: &[Role], queues: &[&str]) -> (String, Value) {
