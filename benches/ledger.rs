@@ -538,6 +538,7 @@ async fn burn_down_inprocess(store: &Store, scopes: &[ClaimScope], limit: i64, e
                 loop {
                     let request = ClaimRequest {
                         scope: scope.clone(),
+                        queue: None,
                         claim_id: uuid::Uuid::new_v4(),
                         limit,
                         lease_seconds: 600,

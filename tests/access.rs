@@ -980,7 +980,137 @@ async fn webhook_secrets_are_shown_only_to_admins(backend: Backend) {
     }
 }
 
+/// A long poll on a parent checks its reach again at every look: a worker of
+/// queue `a` waiting on a complete parent of `a` gets nothing of a parent
+/// registered under the same id in queue `b` meanwhile (issue 26, item 1).
+async fn a_long_poll_never_claims_another_queues_parent(backend: Backend) {
+    let (worker_a, w) = token("worker-a", &[Role::Worker], &["a"]);
+    let (producer_b, p) = token("producer-b", &[Role::Producer], &["b"]);
+    let (app, roles) = app_with_roles(backend, vec![w, p]).await;
+    // A complete parent of `a`: its only child is stored skipped.
+    let r = app
+        .put_as(
+            &roles.admin,
+            "/v1/parents/PX",
+            json!({"queue": "a", "children": [{"payload": {"n": 0}, "skip": "nothing to do"}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["state"], "complete", "{r:?}");
+
+    let poll = {
+        let (client, base, token) = (app.client.clone(), app.base.clone(), worker_a.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = client
+                .post(format!("{base}/v1/parents/PX/claims"))
+                .bearer_auth(token)
+                .json(&json!({"wait_seconds": 20}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            (status, r.json::<Value>().await.unwrap(), started.elapsed())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let r = app
+        .request_as(Some(&roles.admin), Method::DELETE, "/v1/parents/PX", None)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    let r = app
+        .put_as(
+            &producer_b,
+            "/v1/parents/PX",
+            json!({"queue": "b", "children": [{"payload": {"secret": "of queue b"}}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+
+    let (status, body, took) = poll.await.unwrap();
+    println!("the poll answered {status} after {took:?}: {body}");
+    assert!(
+        !(status == StatusCode::OK && body["children"].as_array().is_some_and(|c| !c.is_empty())),
+        "queue b's child was handed to a worker of queue a: {body}"
+    );
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the parent it waited on is gone from its queues: {body}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM child WHERE parent_id = 'PX' AND state = 'pending'")
+            .await,
+        1,
+        "queue b's child is still there to claim"
+    );
+    // Queue b's own workers get it.
+    let r = app.post_as(&roles.worker, "/v1/parents/PX/claims", json!({})).await;
+    assert_eq!(r.body["children"][0]["payload"]["secret"], "of queue b", "{r:?}");
+}
+
+/// A reconcile job's report is seen only by admins who reach every queue it
+/// may have touched (issue 26, item 5).
+async fn reconcile_jobs_are_seen_within_their_queues(backend: Backend) {
+    let (admin_a, a) = token("admin-a", &[Role::Admin], &["a"]);
+    let (app, roles) = app_with_roles(backend, vec![a]).await;
+    for (parent, queue) in [("PA", "a"), ("PB", "b")] {
+        let r = app
+            .put_as(
+                &roles.admin,
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": queue, "children": children(2)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED);
+    }
+    let job_of = |reply: Reply| -> String {
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+        reply.body["job_id"].as_str().unwrap().to_owned()
+    };
+    let every = job_of(
+        app.post_as(&roles.admin, "/v1/reconcile/jobs", json!({"dry_run": true}))
+            .await,
+    );
+    let of_b = job_of(
+        app.post_as(
+            &roles.admin,
+            "/v1/reconcile/jobs",
+            json!({"dry_run": true, "queue": "b"}),
+        )
+        .await,
+    );
+    let of_a = job_of(
+        app.post_as(
+            &roles.admin,
+            "/v1/reconcile/jobs",
+            json!({"dry_run": true, "queue": "a"}),
+        )
+        .await,
+    );
+    let mine = job_of(
+        app.post_as(&admin_a, "/v1/reconcile/jobs", json!({"dry_run": true}))
+            .await,
+    );
+    for job in [&every, &of_b] {
+        let r = app.get_as(&admin_a, &format!("/v1/reconcile/jobs/{job}")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "job {job}: {r:?}");
+        assert_eq!(r.content_type, "application/problem+json");
+        assert!(!r.body.to_string().contains("PB"), "{r:?}");
+    }
+    for job in [&of_a, &mine] {
+        let r = app.get_as(&admin_a, &format!("/v1/reconcile/jobs/{job}")).await;
+        assert_eq!(r.status, StatusCode::OK, "job {job}: {r:?}");
+    }
+    for job in [&every, &of_b, &of_a, &mine] {
+        let r = app.get_as(&roles.admin, &format!("/v1/reconcile/jobs/{job}")).await;
+        assert_eq!(r.status, StatusCode::OK, "job {job}: {r:?}");
+    }
+}
+
 both_stores!(
+    a_long_poll_never_claims_another_queues_parent,
+    reconcile_jobs_are_seen_within_their_queues,
     every_operation_against_every_caller,
     other_queues_cannot_be_told_from_nothing,
     lists_leave_out_other_queues,

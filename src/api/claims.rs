@@ -83,6 +83,7 @@ impl ClaimChildren {
         }
         let request = ClaimRequest {
             scope,
+            queue: None,
             claim_id: Uuid::new_v4(),
             limit,
             lease_seconds,
@@ -118,8 +119,14 @@ impl Drop for WaitingClaim {
 }
 
 /// Claims now, or as soon as work turns up within `wait`.
-async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiResult<Json<Claim>> {
-    let (request, wait) = body.into_request(scope, &state.limits)?;
+async fn claim(
+    state: AppState,
+    scope: ClaimScope,
+    queue: Option<QueueName>,
+    body: ClaimChildren,
+) -> ApiResult<Json<Claim>> {
+    let (mut request, wait) = body.into_request(scope, &state.limits)?;
+    request.queue = queue;
     let deadline = tokio::time::Instant::now() + wait;
     let mut shutdown = state.shutdown.subscribe();
     // Once it waits: its count among the waiting claims, and its place in line.
@@ -188,11 +195,24 @@ async fn claim(state: AppState, scope: ClaimScope, body: ClaimChildren) -> ApiRe
 )]
 async fn claim_from_parent(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     AppJson(body): AppJson<ClaimChildren>,
 ) -> ApiResult<Json<Claim>> {
-    let scope = ClaimScope::Parent(parent_id_param(&parent_id)?);
-    claim(state, scope, body).await
+    let parent_id = parent_id_param(&parent_id)?;
+    // A caller limited to some queues claims only from the parent it was
+    // admitted to: its queue as checked now goes with every claim of a long
+    // poll, so a parent deleted and registered again in another queue meanwhile
+    // hands it nothing.
+    let queue = if caller.0.queues.is_every() {
+        None
+    } else {
+        match state.store.queue_of(&parent_id).await? {
+            Some(queue) if caller.0.reaches(queue.as_str()) => Some(queue),
+            _ => return Err(StoreError::ParentNotFound(parent_id).into()),
+        }
+    };
+    claim(state, ClaimScope::Parent(parent_id), queue, body).await
 }
 
 /// Claim a leased chunk from any active parent of a queue.
@@ -219,7 +239,7 @@ async fn claim_from_queue(
     AppJson(body): AppJson<ClaimChildren>,
 ) -> ApiResult<Json<Claim>> {
     let scope = ClaimScope::Queue(queue_param(&queue)?);
-    claim(state, scope, body).await
+    claim(state, scope, None, body).await
 }
 
 /// Keep the claim's children leased for another `lease_seconds` from now.

@@ -178,13 +178,20 @@ async fn start_job(
         (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn get_job(State(state): State<AppState>, Path(job_id): Path<String>) -> ApiResult<Json<ReconcileJob>> {
+async fn get_job(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(job_id): Path<String>,
+) -> ApiResult<Json<ReconcileJob>> {
     let job_id =
         uuid::Uuid::parse_str(&job_id).map_err(|e| ApiError::bad_request("job_id", format!("must be a uuid: {e}")))?;
+    // A job that may have touched queues outside the caller's is answered as
+    // if it did not exist.
     state
         .store
         .reconcile_job(job_id)
         .await?
+        .filter(|job| job.visible_within(&caller.0.queues))
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no reconcile job {job_id}")))
 }

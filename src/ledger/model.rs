@@ -246,6 +246,11 @@ impl ClaimScope {
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
     pub scope: ClaimScope,
+    /// For a parent's claim by a caller limited to some queues: the queue the
+    /// parent was in when the caller's reach was checked. A parent now in
+    /// another queue (deleted, and registered again elsewhere) hands out
+    /// nothing and answers as unknown, on every recheck of a long poll.
+    pub queue: Option<QueueName>,
     pub claim_id: Uuid,
     pub limit: i64,
     pub lease_seconds: i64,
@@ -390,6 +395,24 @@ pub struct ReconcileJob {
     pub error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The queues the job may reach: its queue, or its creator's reach
+    /// (`None` when the stored reach does not read). Not shown: it decides
+    /// who may see the job.
+    #[serde(skip)]
+    pub reach: Option<super::QueueScope>,
+}
+
+impl ReconcileJob {
+    /// Whether a caller reaching `queues` may see this job: only when it
+    /// reaches every queue the job may have touched, so a job's report never
+    /// shows another tenant's parents or counts.
+    pub fn visible_within(&self, queues: &super::QueueScope) -> bool {
+        match (&self.queue, &self.reach) {
+            (Some(queue), _) => queues.allows(queue.as_str()),
+            (None, Some(reach)) => queues.covers(reach),
+            (None, None) => queues.is_every(),
+        }
+    }
 }
 
 /// A queue's summary for dashboards (`GET /v1/queues`): what its parents hold,

@@ -58,6 +58,19 @@ impl QueueScope {
         self.every
     }
 
+    /// Whether every queue `other` reaches is one this scope reaches too.
+    pub fn covers(&self, other: &QueueScope) -> bool {
+        if self.every {
+            return true;
+        }
+        !other.every
+            && other.exact.iter().all(|queue| self.allows(queue))
+            && other
+                .prefixes
+                .iter()
+                .all(|prefix| self.prefixes.iter().any(|mine| prefix.starts_with(mine.as_str())))
+    }
+
     pub fn allows(&self, queue: &str) -> bool {
         self.every
             || self.exact.iter().any(|q| q == queue)
@@ -87,5 +100,28 @@ impl QueueScope {
             exact: stored.exact,
             prefixes: stored.prefixes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueScope;
+
+    fn scope(entries: &[&str]) -> QueueScope {
+        QueueScope::parse(&entries.iter().map(|e| (*e).to_owned()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn a_scope_covers_what_it_reaches_whole() {
+        let every = scope(&["*"]);
+        let a = scope(&["a"]);
+        let team = scope(&["team.*"]);
+        assert!(every.covers(&every) && every.covers(&a) && every.covers(&team));
+        assert!(!a.covers(&every), "one queue does not cover all");
+        assert!(a.covers(&a) && !a.covers(&scope(&["b"])) && !a.covers(&scope(&["a", "b"])));
+        assert!(team.covers(&scope(&["team.x"])), "a prefix covers its queues");
+        assert!(team.covers(&scope(&["team.x.*"])), "and narrower prefixes");
+        assert!(!team.covers(&scope(&["team*"])), "not a wider one");
+        assert!(!scope(&["team.x"]).covers(&team), "a queue does not cover a prefix");
     }
 }

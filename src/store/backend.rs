@@ -151,6 +151,9 @@ pub(crate) trait Reconcile {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LaneClaimParams<'a> {
     pub parent_id: &'a ParentId,
+    /// The queue the lane must be in (`None`: any): a parent deleted and
+    /// registered again in another queue hands out nothing.
+    pub queue: Option<&'a QueueName>,
     pub asks: &'a [LaneAsk],
     pub turn: LaneTurn,
 }

@@ -75,7 +75,13 @@ impl Store {
             leased.merge(self.claim_scope(request, short, &mut budget).await?);
         }
         if let (ClaimScope::Parent(parent_id), true) = (&request.scope, leased.children.is_empty()) {
-            self.require_parent(parent_id).await?;
+            match (self.queue_of(parent_id).await?, &request.queue) {
+                (Some(now), Some(checked)) if now != *checked => {
+                    return Err(StoreError::ParentNotFound(parent_id.clone()));
+                }
+                (Some(_), _) => {}
+                (None, _) => return Err(StoreError::ParentNotFound(parent_id.clone())),
+            }
         }
         // RETURNING has no order: hand children out lowest sequence first.
         leased
@@ -227,9 +233,18 @@ impl Store {
         limit: i64,
         turn: LaneTurn,
     ) -> StoreResult<(Leased, bool)> {
-        let key = (parent_id.clone(), turn);
+        // The queue the lane must still be in: a parent deleted and registered
+        // again in another queue since it was chosen hands out nothing.
+        let queue = match &request.scope {
+            ClaimScope::Queue(queue) => Some(queue.clone()),
+            ClaimScope::Parent(_) => request.queue.clone(),
+        };
+        let key = (parent_id.clone(), turn, queue.clone());
         if turn == LaneTurn::Skip
-            && (self.lane_claims.busy(&key) || self.lane_claims.busy(&(parent_id.clone(), LaneTurn::Wait)))
+            && (self.lane_claims.busy(&key)
+                || self
+                    .lane_claims
+                    .busy(&(parent_id.clone(), LaneTurn::Wait, queue.clone())))
         {
             return Ok((Leased::default(), false));
         }
@@ -244,10 +259,11 @@ impl Store {
         let claim = self
             .lane_claims
             .submit(key, ask, move |asks| {
-                let (db, parent) = (db.clone(), parent.clone());
+                let (db, parent, queue) = (db.clone(), parent.clone(), queue.clone());
                 async move {
                     db.claim_lane(LaneClaimParams {
                         parent_id: &parent,
+                        queue: queue.as_ref(),
                         asks: &asks,
                         turn,
                     })

@@ -39,7 +39,7 @@ use backend::{Backend, Row, Transaction};
 use reports::{LaneAsk, LaneClaim, LaneTurn};
 use statement::{Dialect, Sql, Statement};
 
-use crate::ledger::{OutcomeWrite, ParentId};
+use crate::ledger::{OutcomeWrite, ParentId, QueueName};
 
 pub use children::{ChildFilter, ChildPage, ChildSearch};
 pub use claims::Claimed;
@@ -99,7 +99,7 @@ pub struct Store {
     /// What the store tells the rest of the service, and its counters.
     signals: Arc<signals::Signals>,
     /// Lane claims waiting for their parent's next statement.
-    lane_claims: Arc<combine::Combiner<(ParentId, LaneTurn), LaneAsk, LaneClaim>>,
+    lane_claims: Arc<combine::Combiner<(ParentId, LaneTurn, Option<QueueName>), LaneAsk, LaneClaim>>,
     /// Outcome batches of one parent waiting for its next statement.
     outcome_batches: Arc<combine::Combiner<ParentId, Arc<[OutcomeWrite]>, reports::Applied>>,
     /// Decomposed parents' largest payloads, which no longer change (see

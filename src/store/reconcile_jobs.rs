@@ -160,6 +160,7 @@ impl JobRow {
             error: self.error,
             created_at: self.created_at,
             updated_at: self.updated_at,
+            reach: QueueScope::from_json(self.scope.as_deref()),
         })
     }
 }

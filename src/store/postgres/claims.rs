@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
 use super::{POSTGRES, PgStore, PgTx};
-use crate::ledger::{ClaimScope, ParentId};
+use crate::ledger::{ClaimScope, ParentId, QueueName};
 use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
 use crate::store::error::retry_transient;
 use crate::store::reports::{LaneClaim, LaneTurn};
@@ -31,12 +31,12 @@ use crate::store::{StoreResult, sql};
 /// constant `parent_id` the planner, whose statistics may predate the parent
 /// and so expect one row of it, would walk every child of the parent. Binds: `$1` parent id,
 /// `$2` how many in all, then one array element per child: `$3` claim ids,
-/// `$4` workers, `$5` lease seconds.
+/// `$4` workers, `$5` lease seconds; `$6` the queue the lane must be in (or NULL).
 fn lane_claim(lock: &str) -> String {
     format!(
         "WITH lane AS ( \
              SELECT queue, floor, ready_at <= now() AS due, (floor IS NOT NULL OR ready_at <= now()) AS open \
-             FROM lane WHERE parent_id = $1 \
+             FROM lane WHERE parent_id = $1 AND ($6::text IS NULL OR lane.queue = $6) \
                AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue) {lock}), \
          fresh AS ( \
              SELECT c.parent_id, c.sequence FROM child c \
@@ -104,7 +104,13 @@ impl Claims for PgStore {
     /// Leases children of one parent for each ask, in one statement (see
     /// `lane_claim`): the lowest sequences to the first ask, and so on.
     async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
-        let LaneClaimParams { parent_id, asks, turn } = lane;
+        let LaneClaimParams {
+            parent_id,
+            queue,
+            asks,
+            turn,
+        } = lane;
+        let queue = queue.map(QueueName::as_str);
         let sql: &'static str = match turn {
             LaneTurn::Wait => LANE_CLAIM.as_str(),
             LaneTurn::Skip => LANE_CLAIM_SKIP.as_str(),
@@ -128,6 +134,7 @@ impl Claims for PgStore {
                 .bind(claims)
                 .bind(workers)
                 .bind(leases)
+                .bind(queue)
                 .fetch_all(&self.pool)
                 .await?)
         })

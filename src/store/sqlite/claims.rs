@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::outcomes::{Counted, bump_parents};
 use super::{NOW, SqliteStore, SqliteTx, now_by};
-use crate::ledger::{ClaimScope, ParentId};
+use crate::ledger::{ClaimScope, ParentId, QueueName};
 use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
 use crate::store::reports::{LaneAsk, LaneClaim};
 use crate::store::{StoreResult, sql};
@@ -98,7 +98,7 @@ impl Claims for SqliteStore {
     async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
         let mut claims = Vec::with_capacity(lane.asks.len());
         for ask in lane.asks {
-            claims.push(self.claim_one(lane.parent_id, ask).await?);
+            claims.push(self.claim_one(lane.parent_id, lane.queue, ask).await?);
         }
         Ok(claims)
     }
@@ -250,16 +250,23 @@ impl Claims for SqliteStore {
 impl SqliteStore {
     /// Leases up to `ask.limit` claimable children of one parent, lowest
     /// sequence first, and moves its lane.
-    async fn claim_one(&self, parent_id: &ParentId, ask: &LaneAsk) -> StoreResult<LaneClaim> {
+    async fn claim_one(
+        &self,
+        parent_id: &ParentId,
+        queue: Option<&QueueName>,
+        ask: &LaneAsk,
+    ) -> StoreResult<LaneClaim> {
         static LANE: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "SELECT floor, coalesce(ready_at <= {NOW}, 0) FROM lane WHERE parent_id = ?1 \
+                 AND (?2 IS NULL OR queue = ?2) \
                  AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
             )
         });
         let mut tx = self.held_tx().await?;
         let lane: Option<(Option<i64>, bool)> = sqlx::query_as(LANE.as_str())
             .bind(parent_id.as_str())
+            .bind(queue.map(QueueName::as_str))
             .fetch_optional(&mut *tx)
             .await?;
         let Some((floor, due)) = lane else {
