@@ -91,6 +91,10 @@ impl Default for StoreOptions {
     }
 }
 
+/// The claims that share a lane claim statement: of one parent, taking their
+/// turn the same way, expecting the lane in the same queue.
+type LaneKey = (ParentId, LaneTurn, Option<QueueName>);
+
 /// The ledger's store: one backend, chosen once from the URL.
 #[derive(Clone)]
 pub struct Store {
@@ -99,7 +103,7 @@ pub struct Store {
     /// What the store tells the rest of the service, and its counters.
     signals: Arc<signals::Signals>,
     /// Lane claims waiting for their parent's next statement.
-    lane_claims: Arc<combine::Combiner<(ParentId, LaneTurn, Option<QueueName>), LaneAsk, LaneClaim>>,
+    lane_claims: Arc<combine::Combiner<LaneKey, LaneAsk, LaneClaim>>,
     /// Outcome batches of one parent waiting for its next statement.
     outcome_batches: Arc<combine::Combiner<ParentId, Arc<[OutcomeWrite]>, reports::Applied>>,
     /// Decomposed parents' largest payloads, which no longer change (see
