@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::Connection;
 
+/// What a child costs (`--cost-only`, and the full run).
+mod cost;
+
 /// The tests' PgBouncer harness (transaction mode, a free port).
 #[allow(dead_code)]
 #[path = "../tests/common/pgbouncer.rs"]
@@ -33,6 +36,11 @@ struct Args {
     dashboard_only: bool,
     /// Only the connection-pooler scenarios.
     pooler_only: bool,
+    /// Only the cost per child (`cost.*`).
+    cost_only: bool,
+    /// Another build's service binary, whose cost per child is measured
+    /// beside this build's in the same run (`--baseline-bin PATH`).
+    baseline_bin: Option<String>,
     json: Option<PathBuf>,
     admin_url: String,
     peers: bool,
@@ -44,6 +52,8 @@ fn parse_args() -> Args {
         fresh_only: false,
         dashboard_only: false,
         pooler_only: false,
+        cost_only: false,
+        baseline_bin: None,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned()),
@@ -57,6 +67,8 @@ fn parse_args() -> Args {
             "--fresh-only" => args.fresh_only = true,
             "--dashboard-only" => args.dashboard_only = true,
             "--pooler-only" => args.pooler_only = true,
+            "--cost-only" => args.cost_only = true,
+            "--baseline-bin" => args.baseline_bin = it.next(),
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
             // cargo bench passes --bench; ignore anything else it adds.
@@ -75,6 +87,8 @@ struct Sizes {
     queue_parents: usize,
     scale_rows: i64,
     peers_jobs: usize,
+    /// Children of the cost runs.
+    cost: usize,
     /// Children of the fresh-database drain: as many as the peers' jobs.
     fresh: usize,
     /// Children of each big parent in `burn_down_http.big_parents`.
@@ -92,6 +106,7 @@ impl Sizes {
                 queue_parents: 20,
                 scale_rows: 500_000,
                 peers_jobs: 0,
+                cost: 20_000,
                 fresh: 20_000,
                 big_parent: 20_000,
                 huge_parent: 100_000,
@@ -103,6 +118,7 @@ impl Sizes {
                 queue_parents: 100,
                 scale_rows: 10_000_000,
                 peers_jobs: 200_000,
+                cost: 200_000,
                 fresh: 200_000,
                 big_parent: 100_000,
                 huge_parent: 1_000_000,
@@ -176,12 +192,17 @@ impl Service {
 
     /// `start` with extra command-line flags.
     async fn start_with(database_url: &str, extra: &[&str]) -> Self {
+        Self::start_bin(None, database_url, extra).await
+    }
+
+    /// `start_with` of the service binary `bin` (this build's when `None`).
+    async fn start_bin(bin: Option<&str>, database_url: &str, extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+        let child = tokio::process::Command::new(bin.unwrap_or(env!("CARGO_BIN_EXE_child-ledger")))
             .args(["--listen", &format!("127.0.0.1:{port}"), "--database-url", database_url])
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -1059,6 +1080,129 @@ fn peer_scenarios(peer: &PeerResult, fresh: f64, fresh_500: f64) -> [Scenario; 2
     ]
 }
 
+/// `cost.*` (issue 28): what one child costs on Postgres and SQLite with a
+/// plain Node worker, beside graphile-worker draining as many jobs, and beside
+/// another build's service (`--baseline-bin`) measured the same way in the
+/// same run.
+async fn cost_scenarios(args: &Args, sizes: &Sizes) -> Vec<Scenario> {
+    let n = sizes.cost;
+    let mut lines = Vec::new();
+    let mut scenarios = Vec::new();
+    eprintln!("cost: {n} children, Node worker, claims of 500 ...");
+    let ours = cost::ours_on_postgres(&args.admin_url, None, n, 500).await;
+    lines.push(ours.line("ours, claims of 500"));
+    eprintln!("cost: claims of 100 ...");
+    let ours_100 = cost::ours_on_postgres(&args.admin_url, None, n, 100).await;
+    lines.push(ours_100.line("ours, claims of 100"));
+    eprintln!("cost: SQLite, claims of 500 ...");
+    let sqlite = cost::ours_on_sqlite(n, 500).await;
+    lines.push(sqlite.line("ours on SQLite, claims of 500"));
+    let before = match &args.baseline_bin {
+        Some(bin) => {
+            eprintln!("cost: the baseline build {bin}, claims of 500 ...");
+            let before = cost::ours_on_postgres(&args.admin_url, Some(bin), n, 500).await;
+            lines.push(before.line("baseline build, claims of 500"));
+            Some(before)
+        }
+        None => None,
+    };
+    let peers = if args.peers && n >= 100_000 {
+        let mut peers = Vec::new();
+        for batch in [500, 100] {
+            eprintln!("cost: graphile-worker, local queue of {batch} ...");
+            if let Some((name, peer)) = cost::graphile(&args.admin_url, n, batch).await {
+                lines.push(peer.line(&format!("{name}, local queue of {batch}")));
+                peers.push((name, batch, peer));
+            }
+        }
+        peers
+    } else {
+        Vec::new()
+    };
+    println!();
+    for line in &lines {
+        println!("{line}");
+    }
+
+    scenarios.push(Scenario::new(
+        "cost.per_child.postgres_cpu",
+        "µs per child",
+        ours.postgres_us,
+    ));
+    if let Some(before) = &before {
+        scenarios.push(
+            Scenario::new(
+                "cost.per_child.postgres_cpu.vs_baseline",
+                "µs per child",
+                ours.postgres_us,
+            )
+            .against("the baseline build", before.postgres_us)
+            .target("<= 0.5"),
+        );
+        scenarios.push(
+            Scenario::new(
+                "cost.per_child.wal_bytes.vs_baseline",
+                "bytes per child",
+                ours.wal_bytes,
+            )
+            .against("the baseline build", before.wal_bytes),
+        );
+    }
+    scenarios.push(Scenario::new(
+        "cost.per_child.machine_cpu",
+        "µs per child",
+        ours.machine_us,
+    ));
+    scenarios.push(Scenario::new(
+        "cost.per_child.service_cpu",
+        "µs per child",
+        ours.service_us,
+    ));
+    scenarios.push(Scenario::new(
+        "cost.per_child.client_cpu",
+        "µs per child",
+        ours.client_us,
+    ));
+    scenarios.push(Scenario::new("cost.per_child.wal_bytes", "bytes per child", ours.wal_bytes).target("<= 900 bytes"));
+    scenarios.push(Scenario::new(
+        "cost.per_child.buffers_written",
+        "per child",
+        ours.buffers,
+    ));
+    scenarios.push(Scenario::new(
+        "cost.per_child.hot_share",
+        "% of updates",
+        ours.hot_share * 100.0,
+    ));
+    scenarios.push(Scenario::new("cost.sqlite.service_cpu", "µs per child", sqlite.service_us).target("<= 25 µs"));
+    scenarios.push(
+        Scenario::new("cost.sqlite.burn_down", "children/s", sqlite.children_per_second)
+            .against("ours on Postgres, claims of 500", ours.children_per_second)
+            .target(">= 1.2"),
+    );
+    for (name, batch, peer) in &peers {
+        let (mine, label) = if *batch == 500 {
+            (&ours, "claims_of_500")
+        } else {
+            (&ours_100, "claims_of_100")
+        };
+        scenarios.push(
+            Scenario::new(
+                &format!("node.burn_down.{label}"),
+                "children/s",
+                mine.children_per_second,
+            )
+            .against(&format!("{name}, local queue {batch}"), peer.children_per_second)
+            .target(">= 1.0"),
+        );
+        scenarios.push(
+            Scenario::new(&format!("cost.postgres_cpu.{label}"), "µs per child", mine.postgres_us)
+                .against(&format!("{name}, local queue {batch}"), peer.postgres_us),
+        );
+    }
+    scenarios
+}
+
 /// `--fresh-only`: the fresh-database drains and the peers, nothing else.
 async fn fresh_against_peers(args: &Args, sizes: &Sizes) {
     let (fresh, _) = fresh_drain(&args.admin_url, sizes.fresh, 100).await;
@@ -1267,6 +1411,9 @@ async fn main() {
     if args.pooler_only {
         return print_table(&through_pgbouncer(&args.admin_url, &sizes).await);
     }
+    if args.cost_only {
+        return print_table(&cost_scenarios(&args, &sizes).await);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1407,6 +1554,7 @@ async fn main() {
     db.drop_now().await;
 
     scenarios.extend(through_pgbouncer(&args.admin_url, &sizes).await);
+    scenarios.extend(cost_scenarios(&args, &sizes).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
     eprintln!("claim_latency_scale: 10k rows ...");
