@@ -1,5 +1,5 @@
 //! The one-shot subcommands: `migrate`, `openapi` and `reconcile`, each run
-//! against the configured database and then exit.
+//! against the configured database and then exit; and how any command ends.
 
 use std::io::{IsTerminal, Write};
 
@@ -14,6 +14,19 @@ const PAGE: i64 = 500;
 
 /// Drifted parents' reports the command-line sweep prints (`drifted` counts all).
 const PARENTS_SHOWN: usize = 1000;
+
+/// How the process ends: an error is a message saying what to change, on
+/// stderr, and exit status 1; never a backtrace, even with `RUST_BACKTRACE`
+/// set (a panic still shows one).
+pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("Error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
 async fn connect(database_url: &str, options: &StoreOptions) -> anyhow::Result<Store> {
     backend_of(database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;

@@ -2,31 +2,32 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use child_ledger::access::{self, Access, Role};
 use child_ledger::api::until_ready;
-use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand};
+use child_ledger::config::{Cli, Command, Config, TokenCommand};
 use child_ledger::server::ServeOptions;
 use child_ledger::store::{Store, StoreOptions, backend_of, permanent_connect_error};
 use child_ledger::{AppState, app_with_timeout, listen_for_work, prune_complete_parents, reap_expired_leases};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> std::process::ExitCode {
+    child_ledger::cli::exit_code(run(Cli::parse_args()).await)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        None | Some(Command::Serve) => serve(cli.config).await,
-        Some(Command::Token {
+        Command::Serve(config) => serve(*config).await,
+        Command::Token {
             command: TokenCommand::New { name, roles, queues },
-        }) => print_new_token(&name, roles, queues),
-        Some(Command::Migrate) => {
-            child_ledger::cli::migrate(&cli.config.database_url, &cli.config.store_options()?).await
+        } => print_new_token(&name, roles, queues),
+        Command::Migrate(database) => {
+            child_ledger::cli::migrate(&database.database_url, &database.store_options()?).await
         }
-        Some(Command::Openapi) => child_ledger::cli::openapi(),
-        Some(Command::Reconcile { queue, apply }) => {
-            let options = cli.config.store_options()?;
-            child_ledger::cli::reconcile(&cli.config.database_url, &options, queue.as_ref(), apply).await
+        Command::Openapi => child_ledger::cli::openapi(),
+        Command::Reconcile { queue, apply, database } => {
+            let options = database.store_options()?;
+            child_ledger::cli::reconcile(&database.database_url, &options, queue.as_ref(), apply).await
         }
     }
 }
@@ -80,22 +81,18 @@ async fn reload_tokens_on_sighup(access: Arc<Access>, mut hangups: tokio::signal
 
 /// Connects, migrates and serves HTTP until SIGTERM.
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    match config.log_format {
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
-    }
+    config.log_format.init_tracing();
 
     let backend =
-        backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
+        backend_of(&config.database.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
     config.limits.check()?;
     anyhow::ensure!(
         config.limits.webhook_allow_hosts.is_empty() || config.webhooks.webhook_secret.is_some(),
         "--webhook-allow-hosts needs --webhook-secret (LEDGER_WEBHOOK_SECRET, whsec_ and base64): every webhook is signed"
     );
-    if config.statement_timeout_seconds >= config.request_timeout_seconds {
+    if config.database.statement_timeout_seconds >= config.request_timeout_seconds {
         tracing::warn!(
-            statement_timeout_seconds = config.statement_timeout_seconds,
+            statement_timeout_seconds = config.database.statement_timeout_seconds,
             request_timeout_seconds = config.request_timeout_seconds,
             "a statement may outlive the request that started it: keep --statement-timeout-seconds below \
              --request-timeout-seconds"
@@ -131,7 +128,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // A SIGTERM while the database is still being waited for is a clean exit too.
     let mut stop = shutdown.subscribe();
     let store = tokio::select! {
-        store = connect_with_backoff(&config.database_url, &options) => store?,
+        store = connect_with_backoff(&config.database.database_url, &options) => store?,
         _ = stop.wait_for(|stopping| *stopping) => return Ok(server.await??),
     };
     store.migrate().await.context("applying migrations")?;
