@@ -108,8 +108,9 @@ fn lower_camel(snake: &str) -> String {
 /// wrong content type, an invalid parameter) and a 503 problem with
 /// `Retry-After` (the database is unreachable or the request ran out of time);
 /// a request body whose members are all optional may be `{}`, or empty (read
-/// as `{}`), but is still sent as `application/json`: a write without that
-/// content type is 415, which a browser form cannot forge.
+/// as `{}`), sent as `application/json`: a write without that content type is
+/// 415, which a browser form cannot forge, unless it has no body and no
+/// `Origin` (no browser sent it: `curl -X POST`).
 fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
     let problem = |description: &str| {
         ResponseBuilder::new().description(description).content(
@@ -169,8 +170,9 @@ fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
                 .filter(|b| matches!(b, RefOr::T(b) if all_optional(b)))
             {
                 body.required = Some(Required::True);
-                let note = "Every member is optional: send `{}` (an empty body reads as `{}`, but the \
-                            content type must still be `application/json`).";
+                let note = "Every member is optional: send `{}` (an empty body reads as `{}`). The content \
+                            type is `application/json`; only a request with no body and no `Origin` header \
+                            may leave it out.";
                 body.description = Some(match body.description.take() {
                     Some(d) => format!("{d}. {note}"),
                     None => note.to_owned(),

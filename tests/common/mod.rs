@@ -433,12 +433,28 @@ impl TestApp {
 
     /// Sends a raw body with the given content type (none when empty).
     pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
+        self.raw_with(method, path, content_type, &[], reqwest::Body::from(body))
+            .await
+    }
+
+    /// As `raw`, with more headers and any body (a stream is sent chunked).
+    pub async fn raw_with(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        headers: &[(&str, &str)],
+        body: reqwest::Body,
+    ) -> Reply {
         let mut req = self.client.request(method, format!("{}{path}", self.base)).body(body);
         if let Some(token) = &self.token {
             req = req.bearer_auth(token);
         }
         if !content_type.is_empty() {
             req = req.header("content-type", content_type);
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         Self::reply(req.send().await.expect("request")).await
     }
