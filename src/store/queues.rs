@@ -9,7 +9,7 @@ use crate::access::QueueScope;
 use crate::ledger::{Queue, QueueName};
 
 impl Store {
-    /// Every queue within `within` that has ever had a parent (or only
+    /// Every queue within `within` that has a parent or is paused (or only
     /// `queue`), in name order.
     pub async fn queues(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<Vec<Queue>> {
         let rows = dispatch!(self, s => s.queue_rows(queue, within).await)?;
@@ -26,7 +26,8 @@ impl Store {
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
 /// `rows::QueueRow`): parents by state and their projections summed, their
 /// minute buckets, and the oldest pending child of each open lane, which its
-/// first entry in `child_pending_since` gives. `minute` is the dialect's
+/// first entry in `child_pending_since` gives; and a row of zeros for a
+/// paused queue without parents (none yet, or all deleted). `minute` is the dialect's
 /// current minute since the epoch, `epoch` its clock in seconds and `within`
 /// its queue-scope fragment.
 pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String {
@@ -54,7 +55,12 @@ pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String
              EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
-         GROUP BY p.queue ORDER BY p.queue"
+         GROUP BY p.queue \
+         UNION ALL \
+         SELECT p.queue, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, {epoch}, TRUE FROM queue_pause p \
+         WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
+             AND NOT EXISTS (SELECT 1 FROM parent x WHERE x.queue = p.queue) \
+         ORDER BY queue"
     )
 }
 
