@@ -327,11 +327,7 @@ pub struct Limits {
     #[arg(long, env = "LEDGER_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_body_bytes: usize,
     /// Most children in one registration or append (use append + seal beyond).
-    #[arg(
-        long,
-        env = "LEDGER_MAX_CHILDREN_PER_REQUEST",
-        default_value_t = 100_000
-    )]
+    #[arg(long, env = "LEDGER_MAX_CHILDREN_PER_REQUEST", default_value_t = 100_000)]
     pub max_children_per_request: usize,
     /// Largest claim `limit`.
     #[arg(long, env = "LEDGER_MAX_CLAIM_LIMIT", default_value_t = 1000)]
@@ -550,7 +546,17 @@ mod tests {
         // Only serve takes serve's flags.
         for args in [
             &["child-ledger", "openapi", "--listen", "127.0.0.1:1"][..],
-            &["child-ledger", "token", "new", "--name", "x", "--role", "admin", "--database-url", "sqlite://x.db"],
+            &[
+                "child-ledger",
+                "token",
+                "new",
+                "--name",
+                "x",
+                "--role",
+                "admin",
+                "--database-url",
+                "sqlite://x.db",
+            ],
             &["child-ledger", "migrate", "--listen", "127.0.0.1:1"],
         ] {
             assert!(Cli::try_parse_args(args.iter().copied()).is_err(), "{args:?}");

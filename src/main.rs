@@ -83,8 +83,8 @@ async fn reload_tokens_on_sighup(access: Arc<Access>, mut hangups: tokio::signal
 async fn serve(config: Config) -> anyhow::Result<()> {
     config.log_format.init_tracing();
 
-    let backend =
-        backend_of(&config.database.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
+    let backend = backend_of(&config.database.database_url)
+        .context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
     config.limits.check()?;
     anyhow::ensure!(
         config.limits.webhook_allow_hosts.is_empty() || config.webhooks.webhook_secret.is_some(),

@@ -656,7 +656,11 @@ async fn writes_need_a_json_content_type(backend: Backend) {
         let r = app
             .raw_with(method.clone(), path, "", &[], reqwest::Body::wrap_stream(chunks))
             .await;
-        assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{method} {path} chunked: {r:?}");
+        assert_eq!(
+            r.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{method} {path} chunked: {r:?}"
+        );
     }
     assert_eq!(ledger_state(&app).await, before);
     let r = app

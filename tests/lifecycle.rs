@@ -203,7 +203,11 @@ async fn a_paused_queue_outlives_its_parents(backend: Backend) {
     let r = app.get("/v1/queues/gone").await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
     assert_eq!(r.body["paused"], true, "{r:?}");
-    assert_eq!(r.body["parents"], json!({"decomposing": 0, "active": 0, "complete": 0}), "{r:?}");
+    assert_eq!(
+        r.body["parents"],
+        json!({"decomposing": 0, "active": 0, "complete": 0}),
+        "{r:?}"
+    );
     assert_eq!(r.body["children"]["total"], 0, "{r:?}");
     assert!(r.body["oldest_pending_since"].is_null(), "{r:?}");
     let r = app.post("/v1/queues/never-had-one/pause", json!({})).await;

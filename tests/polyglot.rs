@@ -302,7 +302,12 @@ async fn run_to_end(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {} (needed for the {} worker): {e}", example.program, example.lang));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {} (needed for the {} worker): {e}",
+                example.program, example.lang
+            )
+        });
     let output = tokio::time::timeout(within, child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("the {} worker still ran after {within:?} ({args:?})", example.lang))
@@ -317,6 +322,13 @@ async fn run_to_end(
 /// `--limit` past the service's bound (422).
 #[tokio::test]
 async fn workers_stop_at_once_on_what_cannot_get_better() {
+    /// One way to start a worker that must stop at once, and what it must say.
+    struct FailFast<'a> {
+        case: &'a str,
+        args: &'a [&'a str],
+        env: &'a [(&'a str, &'a str)],
+        says: &'a str,
+    }
     let (worker_token, worker_entry) = token("fail-fast", &[Role::Worker], &[]);
     let app = spawn_app_with_tokens(Backend::Sqlite, json!([worker_entry])).await;
     let dir = std::env::temp_dir().join(format!("child-ledger-fail-fast-{}", uuid::Uuid::new_v4()));
@@ -327,17 +339,39 @@ async fn workers_stop_at_once_on_what_cannot_get_better() {
         let common = ["--url", app.base.as_str(), "--queue", QUEUE, "--exit-when-empty"];
         let unknown = [&common[..], &["--token", "not-a-token-the-service-knows"]].concat();
         let too_many = [&common[..], &["--token", worker_token.as_str(), "--limit", "5000"]].concat();
-        let cases: [(&str, &[&str], &[(&str, &str)], &str); 3] = [
-            ("unknown token", &unknown, &[], "401"),
-            ("non-ASCII token", &common, &[("LEDGER_TOKEN", "\u{2026}")], "token"),
-            ("--limit 5000", &too_many, &[], "422"),
+        let non_ascii = [("LEDGER_TOKEN", "\u{2026}")];
+        let cases = [
+            FailFast {
+                case: "unknown token",
+                args: &unknown,
+                env: &[],
+                says: "401",
+            },
+            FailFast {
+                case: "non-ASCII token",
+                args: &common,
+                env: &non_ascii,
+                says: "token",
+            },
+            FailFast {
+                case: "--limit 5000",
+                args: &too_many,
+                env: &[],
+                says: "422",
+            },
         ];
-        for (case, args, env, says) in cases {
+        for FailFast { case, args, env, says } in cases {
             let (status, took, stderr) = run_to_end(example, args, env, Duration::from_secs(20)).await;
             assert!(!status.success(), "{lang}, {case}: exited 0\n{stderr}");
             assert!(took < Duration::from_secs(5), "{lang}, {case}: took {took:?}\n{stderr}");
-            assert!(stderr.contains(says), "{lang}, {case}: stderr does not say {says:?}:\n{stderr}");
-            assert!(!stderr.contains("retrying"), "{lang}, {case}: retried what cannot get better:\n{stderr}");
+            assert!(
+                stderr.contains(says),
+                "{lang}, {case}: stderr does not say {says:?}:\n{stderr}"
+            );
+            assert!(
+                !stderr.contains("retrying"),
+                "{lang}, {case}: retried what cannot get better:\n{stderr}"
+            );
             report.push(format!("{lang} {case}: {} in {:.2} s", status, took.as_secs_f64()));
         }
     }
@@ -356,7 +390,9 @@ async fn flaky_service(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut statuses = statuses.into_iter();
     loop {
-        let Ok((mut socket, _)) = listener.accept().await else { return };
+        let Ok((mut socket, _)) = listener.accept().await else {
+            return;
+        };
         let mut request = Vec::new();
         let mut buf = [0u8; 4096];
         // The head, then as much body as it announces.
@@ -376,7 +412,8 @@ async fn flaky_service(
             .lines()
             .find_map(|l| {
                 let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())?
             })
             .unwrap_or(0);
         while request.len() < head_end + length {
@@ -388,7 +425,11 @@ async fn flaky_service(
         }
         let line = head.lines().next().unwrap_or("").to_owned();
         seen.lock().unwrap().push(line.clone());
-        let refused = if line.contains("/claims") { statuses.next() } else { None };
+        let refused = if line.contains("/claims") {
+            statuses.next()
+        } else {
+            None
+        };
         let (status, body) = match refused {
             Some(status) => (
                 status,
@@ -400,7 +441,11 @@ async fn flaky_service(
                     .to_string(),
             ),
         };
-        let content_type = if status == 200 { "application/json" } else { "application/problem+json" };
+        let content_type = if status == 200 {
+            "application/json"
+        } else {
+            "application/problem+json"
+        };
         let answer = format!(
             "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nretry-after: 0\r\n\
              connection: close\r\n\r\n{body}",
@@ -439,14 +484,23 @@ async fn workers_retry_what_can_get_better() {
         service.abort();
         let seen = seen.lock().unwrap().clone();
         assert!(status.success(), "{lang}: {status}\n{stderr}\nrequests: {seen:?}");
-        let claims = seen.iter().filter(|l| l.starts_with("POST") && l.contains("/claims")).count();
-        assert_eq!(claims, 4, "{lang}: 503, 503, 429, then the empty claim: {seen:?}\n{stderr}");
+        let claims = seen
+            .iter()
+            .filter(|l| l.starts_with("POST") && l.contains("/claims"))
+            .count();
+        assert_eq!(
+            claims, 4,
+            "{lang}: 503, 503, 429, then the empty claim: {seen:?}\n{stderr}"
+        );
         assert!(stderr.contains("503") && stderr.contains("429"), "{lang}:\n{stderr}");
         assert!(
             stderr.to_lowercase().contains("refused"),
             "{lang}: no retry after the refused connection:\n{stderr}"
         );
-        report.push(format!("{lang}: {claims} claims, exit 0 after {:.2} s", took.as_secs_f64()));
+        report.push(format!(
+            "{lang}: {claims} claims, exit 0 after {:.2} s",
+            took.as_secs_f64()
+        ));
     }
     eprintln!("{}", report.join("\n"));
     let _ = std::fs::remove_dir_all(&dir);

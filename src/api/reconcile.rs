@@ -66,7 +66,10 @@ async fn reconcile_parent(
 ) -> ApiResult<Json<ReconcileReport>> {
     let parent_id = parent_id_param(&parent_id)?;
     Ok(Json(
-        state.store.reconcile(&parent_id, body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT)).await?,
+        state
+            .store
+            .reconcile(&parent_id, body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT))
+            .await?,
     ))
 }
 
