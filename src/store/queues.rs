@@ -27,9 +27,9 @@ impl Store {
 /// `rows::QueueRow`): parents by state and their projections summed, their
 /// minute buckets, and the oldest pending child of each open lane, which its
 /// first entry in `child_pending_since` gives; and a row of zeros for a
-/// paused queue without parents (none yet, or all deleted). `minute` is the dialect's
-/// current minute since the epoch, `epoch` its clock in seconds and `within`
-/// its queue-scope fragment.
+/// paused queue without parents (none yet, or all deleted). `minute` is the
+/// dialect's current minute since the epoch, `epoch` its clock in seconds and
+/// `within` its queue-scope fragment.
 pub(crate) fn queue_summaries(minute: &str, epoch: &str, within: &str) -> String {
     format!(
         "SELECT p.queue, \
