@@ -1,5 +1,6 @@
-# Build stage: the release binary, with the lock file as checked in.
-FROM rust:1-bookworm AS builder
+# Build stage: the release binary, with the lock file as checked in, on the
+# toolchain Cargo.toml's rust-version names (keep the two equal).
+FROM rust:1.94-bookworm AS builder
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked

@@ -1,5 +1,6 @@
 //! The one-shot subcommands: `migrate`, `openapi` and `reconcile`, each run
-//! against the configured database and then exit, and `webhook secret`.
+//! against the configured database and then exit, `webhook secret`; and how
+//! any command ends.
 
 use std::io::{IsTerminal, Write};
 
@@ -14,6 +15,19 @@ const PAGE: i64 = 500;
 
 /// Drifted parents' reports the command-line sweep prints (`drifted` counts all).
 const PARENTS_SHOWN: usize = 1000;
+
+/// How the process ends: an error is a message saying what to change, on
+/// stderr, and exit status 1; never a backtrace, even with `RUST_BACKTRACE`
+/// set (a panic still shows one).
+pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("Error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
 async fn connect(database_url: &str, options: &StoreOptions) -> anyhow::Result<Store> {
     backend_of(database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
@@ -30,11 +44,9 @@ pub async fn migrate(database_url: &str, options: &StoreOptions) -> anyhow::Resu
 
 /// `webhook secret --queue Q`: the secret that signs `queue`'s events on
 /// stdout, what to do with it on stderr.
-pub fn webhook_secret(config: &crate::config::WebhookConfig, queue: &QueueName) -> anyhow::Result<()> {
-    let master = config
-        .webhook_secret
-        .as_ref()
-        .context("give the master secret as --webhook-secret or LEDGER_WEBHOOK_SECRET (whsec_ and base64)")?;
+pub fn webhook_secret(master: Option<&crate::ledger::webhook::WebhookSecret>, queue: &QueueName) -> anyhow::Result<()> {
+    let master =
+        master.context("give the master secret as --webhook-secret or LEDGER_WEBHOOK_SECRET (whsec_ and base64)")?;
     eprintln!("The secret that signs the completion events of queue {queue} (give it to that queue's receivers only):");
     println!("{}", master.for_queue(queue.as_str()).to_whsec());
     Ok(())

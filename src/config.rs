@@ -15,22 +15,65 @@ pub use crate::limits::{Limits, MAX_WAIT_SECONDS};
 #[command(
     name = "child-ledger",
     version,
-    about = "A durable per-child ledger for fan-out work"
+    about = "A durable per-child ledger for fan-out work",
+    override_usage = "child-ledger [SERVE FLAGS]\n       child-ledger <COMMAND>",
+    long_about = "A durable per-child ledger for fan-out work.\n\n\
+        Without a command, `child-ledger [FLAGS]` is `child-ledger serve [FLAGS]`: \
+        `child-ledger serve --help` lists its flags.",
+    after_help = "Examples:\n  \
+        child-ledger                                   # serve on 127.0.0.1:8080, SQLite file child-ledger.db\n  \
+        child-ledger --listen 0.0.0.0:8080 --tokens-file tokens.json\n  \
+        child-ledger token new --name ops --role admin\n  \
+        child-ledger serve --help                      # every flag of the service"
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Option<Command>,
-    #[command(flatten)]
-    pub config: Config,
+    pub command: Command,
+}
+
+impl Cli {
+    /// Parses the process's arguments; without a command they are `serve`'s.
+    pub fn parse_args() -> Self {
+        Self::parse_from(with_default_command(std::env::args_os()))
+    }
+
+    /// As `parse_args`, from `args` (the program name first), without exiting.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        Self::try_parse_from(with_default_command(args))
+    }
+}
+
+/// `args` with `serve` put first when they name no command (nor ask for the
+/// top-level help or version), so `child-ledger --listen ...` serves.
+fn with_default_command<I, T>(args: I) -> Vec<std::ffi::OsString>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    use clap::CommandFactory;
+    let mut args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let names_a_command = args.get(1).and_then(|a| a.to_str()).is_some_and(|first| {
+        matches!(first, "help" | "-h" | "--help" | "-V" | "--version")
+            || Cli::command().get_subcommands().any(|c| c.get_name() == first)
+    });
+    if !names_a_command {
+        args.insert(args.len().min(1), "serve".into());
+    }
+    args
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve HTTP (the default).
+    /// Serve HTTP (the default: `child-ledger [FLAGS]` is `child-ledger serve [FLAGS]`).
     #[command(after_help = "Examples:\n  \
+        child-ledger serve                        # 127.0.0.1:8080, SQLite file child-ledger.db\n  \
         child-ledger serve --listen 0.0.0.0:8080 --tokens-file tokens.json\n  \
         DATABASE_URL=postgres://ledger@db/ledger child-ledger")]
-    Serve,
+    Serve(Box<Config>),
     /// Manage access tokens.
     #[command(after_help = "Examples:\n  child-ledger token new --name ingest --role producer --queue events")]
     Token {
@@ -41,7 +84,7 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         child-ledger migrate --database-url sqlite://child-ledger.db\n  \
         DATABASE_URL=postgres://ledger@db/ledger child-ledger migrate")]
-    Migrate,
+    Migrate(DatabaseArgs),
     /// Print the OpenAPI document (JSON) and exit.
     #[command(after_help = "Examples:\n  child-ledger openapi > openapi.json")]
     Openapi,
@@ -59,6 +102,8 @@ pub enum Command {
         /// Repair the drifted parents (without it, only report them).
         #[arg(long)]
         apply: bool,
+        #[command(flatten)]
+        database: DatabaseArgs,
     },
     /// Completion webhooks: the per-queue signing secrets.
     Webhook {
@@ -79,6 +124,9 @@ pub enum WebhookCommand {
         /// The queue whose events the receiver takes.
         #[arg(long, value_parser = parse_queue)]
         queue: crate::ledger::QueueName,
+        /// The service's master secret (`whsec_` and base64), as it serves with.
+        #[arg(long, env = "LEDGER_WEBHOOK_SECRET", hide_env_values = true, value_parser = parse_secret)]
+        webhook_secret: Option<WebhookSecret>,
     },
 }
 
@@ -89,6 +137,9 @@ fn parse_queue(queue: &str) -> Result<crate::ledger::QueueName, String> {
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
     /// Print a fresh random token (once) and the entry to add to the tokens file.
+    #[command(after_help = "Examples:\n  \
+        child-ledger token new --name ingest --role producer --queue events --queue 'billing.*'\n  \
+        child-ledger token new --name ops --role admin >ops.token   # line 1: the token; line 2: its entry")]
     New {
         /// A name for the token's holder (shown in logs and 403 answers).
         #[arg(long)]
@@ -103,19 +154,16 @@ pub enum TokenCommand {
     },
 }
 
-#[derive(Debug, Clone, Parser)]
-pub struct Config {
-    /// Address to serve HTTP on.
-    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:8080", global = true)]
-    pub listen: SocketAddr,
+/// Where the ledger is: what `serve`, `migrate` and `reconcile` connect to.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DatabaseArgs {
     /// `sqlite://path` (created if missing) or `postgres://...`.
     /// Its value is never shown (`--help` hides it): it may hold a password.
     #[arg(
         long,
         env = "DATABASE_URL",
         hide_env_values = true,
-        default_value = "sqlite://child-ledger.db",
-        global = true
+        default_value = "sqlite://child-ledger.db"
     )]
     pub database_url: String,
     /// What sits between the service and Postgres: `none` (a direct
@@ -123,63 +171,26 @@ pub struct Config {
     /// such as PgBouncer's `pool_mode = transaction`. In that mode no statement
     /// is prepared by name, every setting is `SET LOCAL` and every statement
     /// runs in a transaction, so no session state outlives it.
-    #[arg(long, env = "LEDGER_DB_POOLER", value_enum, default_value_t = DbPooler::None, global = true)]
+    #[arg(long, env = "LEDGER_DB_POOLER", value_enum, default_value_t = DbPooler::None)]
     pub db_pooler: DbPooler,
     /// A direct connection to Postgres (not through the pooler) for what needs
     /// a session of its own: `LISTEN`, which wakes long polls across replicas,
     /// and migrations. Only with `--db-pooler transaction`; without it, long
     /// polls wake on their periodic recheck and migrations must be applied
     /// with `child-ledger migrate` against Postgres directly.
-    #[arg(long, env = "LEDGER_LISTEN_DATABASE_URL", hide_env_values = true, global = true)]
+    #[arg(long, env = "LEDGER_LISTEN_DATABASE_URL", hide_env_values = true)]
     pub listen_database_url: Option<String>,
     /// Most database connections this process opens for requests (on Postgres
     /// one more is held for `LISTEN`).
-    #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
+    #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
-    /// How often expired leases are swept to pending, held or failed.
-    #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000, global = true)]
-    pub reap_interval_ms: u64,
-    /// Complete parents whose `completed_at` is older than this are deleted
-    /// with their children by a background pruner; 0 keeps them forever.
-    #[arg(long, env = "LEDGER_RETAIN_COMPLETE_SECONDS", default_value_t = 0, global = true)]
-    pub retain_complete_seconds: u64,
     /// Longest one database statement may run (Postgres `statement_timeout`;
     /// a transaction left idle ends after twice that).
-    #[arg(long, env = "LEDGER_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    #[arg(long, env = "LEDGER_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub statement_timeout_seconds: u64,
-    /// Longest a request may run before it is answered 503.
-    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60, global = true)]
-    pub request_timeout_seconds: u64,
-    /// A client must send each request head (the first, and the next one on a
-    /// kept-alive connection) within this long, or it is disconnected.
-    #[arg(long, env = "LEDGER_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), global = true)]
-    pub header_read_timeout_seconds: u64,
-    /// Most open connections; more are closed as they are accepted.
-    #[arg(long, env = "LEDGER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..), global = true)]
-    pub max_connections: u64,
-    /// After SIGTERM, how long in-flight requests get to finish before the process exits anyway.
-    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE_SECONDS", default_value_t = 25, global = true)]
-    pub shutdown_grace_seconds: u64,
-    #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
-    /// JSON file of hashed bearer tokens with their roles and queues (see
-    /// README, "Access control"); re-read on SIGHUP. Without it the service is
-    /// open to anyone who can reach it.
-    #[arg(long, env = "LEDGER_TOKENS_FILE", global = true)]
-    pub tokens_file: Option<PathBuf>,
-    /// Serve without a tokens file on an address other than loopback
-    /// (only behind something else that authenticates callers).
-    #[arg(long, env = "LEDGER_ALLOW_ANONYMOUS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue, global = true)]
-    pub allow_anonymous: bool,
-    #[command(flatten)]
-    pub limits: Limits,
-    #[command(flatten)]
-    pub reconcile_jobs: ReconcileJobConfig,
-    #[command(flatten)]
-    pub webhooks: WebhookConfig,
 }
 
-impl Config {
+impl DatabaseArgs {
     /// How the store connects, as these flags say.
     pub fn store_options(&self) -> anyhow::Result<crate::store::StoreOptions> {
         anyhow::ensure!(
@@ -201,6 +212,61 @@ impl Config {
             ..crate::store::StoreOptions::default()
         })
     }
+}
+
+/// What `serve` is told.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// How often expired leases are swept to pending, held or failed.
+    #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000)]
+    pub reap_interval_ms: u64,
+    /// Complete parents whose `completed_at` is older than this are deleted
+    /// with their children by a background pruner; 0 keeps them forever.
+    #[arg(long, env = "LEDGER_RETAIN_COMPLETE_SECONDS", default_value_t = 0)]
+    pub retain_complete_seconds: u64,
+    /// Longest a request may run before it is answered 503.
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub request_timeout_seconds: u64,
+    /// A client must send each request head (the first, and the next one on a
+    /// kept-alive connection) within this long, or it is disconnected.
+    #[arg(long, env = "LEDGER_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_seconds: u64,
+    /// Most open connections; more are closed as they are accepted.
+    #[arg(long, env = "LEDGER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// After SIGTERM, how long in-flight requests get to finish before the process exits anyway.
+    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE_SECONDS", default_value_t = 25)]
+    pub shutdown_grace_seconds: u64,
+    /// Log lines as text (coloured only on a terminal) or one JSON object per line.
+    #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// JSON file of hashed bearer tokens with their roles and queues (see
+    /// README, "Access control"); re-read on SIGHUP. Without it the service is
+    /// open to anyone who can reach it.
+    #[arg(long, env = "LEDGER_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve without a tokens file on an address other than loopback
+    /// (only behind something else that authenticates callers).
+    #[arg(long, env = "LEDGER_ALLOW_ANONYMOUS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub allow_anonymous: bool,
+    #[command(flatten)]
+    pub limits: Limits,
+    #[command(flatten)]
+    pub reconcile_jobs: ReconcileJobConfig,
+    #[command(flatten)]
+    pub webhooks: WebhookConfig,
+}
+
+impl Config {
+    /// How the store connects, as these flags say.
+    pub fn store_options(&self) -> anyhow::Result<crate::store::StoreOptions> {
+        self.database.store_options()
+    }
 
     pub fn reap_interval(&self) -> Duration {
         Duration::from_millis(self.reap_interval_ms.max(10))
@@ -220,14 +286,14 @@ impl Config {
 }
 
 /// How this replica works background reconcile jobs (`POST /v1/reconcile/jobs`).
-#[derive(Debug, Clone, Parser)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ReconcileJobConfig {
     /// Parents a background reconcile job checks per step.
-    #[arg(long, env = "LEDGER_RECONCILE_JOB_BATCH", default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000), global = true)]
+    #[arg(long, env = "LEDGER_RECONCILE_JOB_BATCH", default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub reconcile_job_batch: i64,
     /// How long a replica holds a reconcile job without finishing a step
     /// before another replica (or this one, restarted) takes it over.
-    #[arg(long, env = "LEDGER_RECONCILE_JOB_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..), global = true)]
+    #[arg(long, env = "LEDGER_RECONCILE_JOB_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub reconcile_job_lease_seconds: u64,
 }
 
@@ -258,25 +324,43 @@ pub enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// Installs the log subscriber: this format, the `RUST_LOG` filter
+    /// (default `info`), written to stdout, in colour only when that is a
+    /// terminal (a log file or a pipe gets no escape codes).
+    pub fn init_tracing(self) {
+        use std::io::IsTerminal;
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::stdout().is_terminal());
+        match self {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+    }
+}
+
 /// The completion webhook sender (README, "Webhooks").
-#[derive(Debug, Clone, Parser)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct WebhookConfig {
     /// Master key of the webhook signatures: `whsec_` and base64. Each
     /// queue's events are signed with a key derived from it (`child-ledger
     /// webhook secret --queue Q` prints it). Required when
     /// `--webhook-allow-hosts` names any host; never shown nor logged.
-    #[arg(long, env = "LEDGER_WEBHOOK_SECRET", hide_env_values = true, value_parser = parse_secret, global = true)]
+    #[arg(long, env = "LEDGER_WEBHOOK_SECRET", hide_env_values = true, value_parser = parse_secret)]
     pub webhook_secret: Option<WebhookSecret>,
     /// Delays between delivery attempts, in milliseconds, comma-separated;
     /// after the last the event is given up.
-    #[arg(long, env = "LEDGER_WEBHOOK_RETRY_SCHEDULE_MS", value_parser = parse_schedule, hide = true, global = true)]
+    #[arg(long, env = "LEDGER_WEBHOOK_RETRY_SCHEDULE_MS", value_parser = parse_schedule, hide = true)]
     pub webhook_retry_schedule_ms: Option<RetrySchedule>,
     /// How often the sender looks for due events on its own (it is also woken
     /// when this process completes a parent).
-    #[arg(long, env = "LEDGER_WEBHOOK_POLL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..), hide = true, global = true)]
+    #[arg(long, env = "LEDGER_WEBHOOK_POLL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..), hide = true)]
     pub webhook_poll_ms: u64,
     /// Longest one delivery attempt may take; its lease is twice that.
-    #[arg(long, env = "LEDGER_WEBHOOK_TIMEOUT_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(100..), hide = true, global = true)]
+    #[arg(long, env = "LEDGER_WEBHOOK_TIMEOUT_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(100..), hide = true)]
     pub webhook_timeout_ms: u64,
 }
 
@@ -309,10 +393,11 @@ mod tests {
 
     #[test]
     fn defaults_match_the_contract() {
-        let cli = Cli::try_parse_from(["child-ledger"]).unwrap();
-        assert!(cli.command.is_none());
-        assert_eq!(cli.config.listen.to_string(), "127.0.0.1:8080");
-        let parsed = cli.config.limits;
+        let Command::Serve(config) = Cli::try_parse_args(["child-ledger"]).unwrap().command else {
+            panic!("no command is serve");
+        };
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        let parsed = config.limits;
         let default = Limits::default();
         assert_eq!(parsed.max_body_bytes, default.max_body_bytes);
         assert_eq!(parsed.max_children_per_request, default.max_children_per_request);
@@ -338,7 +423,7 @@ mod tests {
 
     #[test]
     fn token_new_takes_roles_and_queues() {
-        let cli = Cli::try_parse_from([
+        let cli = Cli::try_parse_args([
             "child-ledger",
             "token",
             "new",
@@ -352,9 +437,9 @@ mod tests {
             "billing.*",
         ])
         .unwrap();
-        let Some(Command::Token {
+        let Command::Token {
             command: TokenCommand::New { name, roles, queues },
-        }) = cli.command
+        } = cli.command
         else {
             panic!("not token new");
         };
@@ -362,31 +447,76 @@ mod tests {
         assert_eq!(roles, [Role::Producer]);
         assert_eq!(queues, ["events", "billing.*"]);
         assert!(
-            Cli::try_parse_from(["child-ledger", "token", "new", "--name", "x"]).is_err(),
+            Cli::try_parse_args(["child-ledger", "token", "new", "--name", "x"]).is_err(),
             "a role is required"
         );
-        assert!(!Cli::try_parse_from(["child-ledger"]).unwrap().config.allow_anonymous);
+        let Command::Serve(config) = Cli::try_parse_args(["child-ledger"]).unwrap().command else {
+            panic!("no command is serve");
+        };
+        assert!(!config.allow_anonymous);
     }
 
     #[test]
     fn webhook_secret_takes_a_queue() {
-        let cli = Cli::try_parse_from(["child-ledger", "webhook", "secret", "--queue", "events"]).unwrap();
-        let Some(Command::Webhook {
-            command: WebhookCommand::Secret { queue },
-        }) = cli.command
+        let cli = Cli::try_parse_args(["child-ledger", "webhook", "secret", "--queue", "events"]).unwrap();
+        let Command::Webhook {
+            command: WebhookCommand::Secret { queue, .. },
+        } = cli.command
         else {
             panic!("not webhook secret");
         };
         assert_eq!(queue.as_str(), "events");
-        assert!(Cli::try_parse_from(["child-ledger", "webhook", "secret", "--queue", "Bad"]).is_err());
-        assert!(Cli::try_parse_from(["child-ledger", "webhook", "secret"]).is_err());
-        assert!(Cli::try_parse_from(["child-ledger", "--webhook-allow-hosts", "0x7f.1"]).is_err());
+        assert!(Cli::try_parse_args(["child-ledger", "webhook", "secret", "--queue", "Bad"]).is_err());
+        assert!(Cli::try_parse_args(["child-ledger", "webhook", "secret"]).is_err());
+        assert!(Cli::try_parse_args(["child-ledger", "--webhook-allow-hosts", "0x7f.1"]).is_err());
     }
 
     #[test]
     fn serve_subcommand_is_accepted() {
-        let cli = Cli::try_parse_from(["child-ledger", "serve", "--listen", "0.0.0.0:9000"]).unwrap();
-        assert!(matches!(cli.command, Some(Command::Serve)));
-        assert_eq!(cli.config.listen.port(), 9000);
+        let cli = Cli::try_parse_args(["child-ledger", "serve", "--listen", "0.0.0.0:9000"]).unwrap();
+        let Command::Serve(config) = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(config.listen.port(), 9000);
+    }
+
+    #[test]
+    fn serve_flags_without_a_command_serve() {
+        let cli = Cli::try_parse_args(["child-ledger", "--listen", "0.0.0.0:9001"]).unwrap();
+        let Command::Serve(config) = cli.command else {
+            panic!("flags alone are serve's");
+        };
+        assert_eq!(config.listen.port(), 9001);
+        let Command::Reconcile { database, apply, .. } =
+            Cli::try_parse_args(["child-ledger", "reconcile", "--database-url", "sqlite://x.db"])
+                .unwrap()
+                .command
+        else {
+            panic!("not reconcile");
+        };
+        assert_eq!((database.database_url.as_str(), apply), ("sqlite://x.db", false));
+        // Only serve takes serve's flags.
+        for args in [
+            &["child-ledger", "openapi", "--listen", "127.0.0.1:1"][..],
+            &[
+                "child-ledger",
+                "token",
+                "new",
+                "--name",
+                "x",
+                "--role",
+                "admin",
+                "--database-url",
+                "sqlite://x.db",
+            ],
+            &["child-ledger", "migrate", "--listen", "127.0.0.1:1"],
+        ] {
+            assert!(Cli::try_parse_args(args.iter().copied()).is_err(), "{args:?}");
+        }
+        // The top-level help and version are not serve's.
+        for flag in ["--help", "-h", "--version", "help"] {
+            let err = Cli::try_parse_args(["child-ledger", flag]).unwrap_err();
+            assert!(!err.to_string().contains("--reap-interval-ms"), "{flag}: {err}");
+        }
     }
 }

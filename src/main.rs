@@ -1,31 +1,32 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use child_ledger::access::{self, Access, Role};
-use child_ledger::config::{Cli, Command, Config, LogFormat, TokenCommand, WebhookCommand};
+use child_ledger::config::{Cli, Command, Config, TokenCommand, WebhookCommand};
 use child_ledger::startup::Application;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> std::process::ExitCode {
+    child_ledger::cli::exit_code(run(Cli::parse_args()).await)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        None | Some(Command::Serve) => serve(cli.config).await,
-        Some(Command::Token {
+        Command::Serve(config) => serve(*config).await,
+        Command::Token {
             command: TokenCommand::New { name, roles, queues },
-        }) => print_new_token(&name, roles, queues),
-        Some(Command::Migrate) => {
-            child_ledger::cli::migrate(&cli.config.database_url, &cli.config.store_options()?).await
+        } => print_new_token(&name, roles, queues),
+        Command::Migrate(database) => {
+            child_ledger::cli::migrate(&database.database_url, &database.store_options()?).await
         }
-        Some(Command::Openapi) => child_ledger::cli::openapi(),
-        Some(Command::Webhook {
-            command: WebhookCommand::Secret { queue },
-        }) => child_ledger::cli::webhook_secret(&cli.config.webhooks, &queue),
-        Some(Command::Reconcile { queue, apply }) => {
-            let options = cli.config.store_options()?;
-            child_ledger::cli::reconcile(&cli.config.database_url, &options, queue.as_ref(), apply).await
+        Command::Openapi => child_ledger::cli::openapi(),
+        Command::Webhook {
+            command: WebhookCommand::Secret { queue, webhook_secret },
+        } => child_ledger::cli::webhook_secret(webhook_secret.as_ref(), &queue),
+        Command::Reconcile { queue, apply, database } => {
+            let options = database.store_options()?;
+            child_ledger::cli::reconcile(&database.database_url, &options, queue.as_ref(), apply).await
         }
     }
 }
@@ -79,11 +80,7 @@ async fn reload_tokens_on_sighup(access: Arc<Access>, mut hangups: tokio::signal
 
 /// Serves HTTP until SIGTERM (see `startup`).
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    match config.log_format {
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
-    }
+    config.log_format.init_tracing();
     let access = Arc::new(access_of(&config)?);
     // Installed before anything else waits, so a SIGHUP never ends the process.
     #[cfg(unix)]

@@ -61,16 +61,16 @@ pub struct Running {
 impl Application {
     /// Checks the configuration and opens the port.
     pub async fn bind(config: Config, access: Arc<Access>) -> anyhow::Result<Self> {
-        let backend =
-            backend_of(&config.database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
+        let backend = backend_of(&config.database.database_url)
+            .context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
         config.limits.check()?;
         anyhow::ensure!(
             config.limits.webhook_allow_hosts.is_empty() || config.webhooks.webhook_secret.is_some(),
             "--webhook-allow-hosts needs --webhook-secret (LEDGER_WEBHOOK_SECRET, whsec_ and base64): every webhook is signed"
         );
-        if config.statement_timeout_seconds >= config.request_timeout_seconds {
+        if config.database.statement_timeout_seconds >= config.request_timeout_seconds {
             tracing::warn!(
-                statement_timeout_seconds = config.statement_timeout_seconds,
+                statement_timeout_seconds = config.database.statement_timeout_seconds,
                 request_timeout_seconds = config.request_timeout_seconds,
                 "a statement may outlive the request that started it: keep --statement-timeout-seconds below \
                  --request-timeout-seconds"
@@ -125,7 +125,7 @@ impl Application {
         let options = self.config.store_options()?;
         let mut stop = self.stopping.subscribe();
         let store = tokio::select! {
-            store = connect_with_backoff(&self.config.database_url, &options) => store?,
+            store = connect_with_backoff(&self.config.database.database_url, &options) => store?,
             _ = stop.wait_for(|stopping| *stopping) => {
                 self.server.await??;
                 return Ok(None);

@@ -595,8 +595,11 @@ async fn outcomes_are_fenced_by_claim(backend: Backend) {
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
 }
 
-/// A write must say it is JSON, even with no body: a page in a browser
-/// cannot send that without the service's consent (CORS preflight).
+/// A write must say it is JSON, even with no body, when a browser may have
+/// sent it: a page in a browser cannot send that without the service's
+/// consent (CORS preflight), and a browser names the page's `Origin` on every
+/// POST. A write with no body, no content type and no `Origin` (`curl -X
+/// POST`) reads as `{}`.
 async fn writes_need_a_json_content_type(backend: Backend) {
     let app = spawn_app(backend).await;
     let r = app
@@ -604,11 +607,13 @@ async fn writes_need_a_json_content_type(backend: Backend) {
         .await;
     assert_eq!(r.status, StatusCode::CREATED);
     let before = ledger_state(&app).await;
+    let page = [("origin", "https://elsewhere.example")];
     for (method, path) in [
         (Method::POST, "/v1/queues/q/claims"),
         (Method::POST, "/v1/parents/W/claims"),
         (Method::POST, "/v1/parents/W/children/0/retry"),
         (Method::POST, "/v1/reconcile"),
+        (Method::POST, "/v1/queues/q/pause"),
         (Method::PUT, "/v1/parents/W2"),
     ] {
         for content_type in [
@@ -617,14 +622,31 @@ async fn writes_need_a_json_content_type(backend: Backend) {
             "application/x-www-form-urlencoded",
             "multipart/form-data; boundary=x",
         ] {
-            let r = app.raw(method.clone(), path, content_type, Vec::new()).await;
-            assert_eq!(
-                r.status,
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "{method} {path} {content_type:?}: {r:?}"
-            );
-            assert_eq!(r.body["type"], "/problems/unsupported-media-type");
+            for origin in [&[][..], &page] {
+                if content_type.is_empty() && origin.is_empty() {
+                    continue; // curl's bodiless write: below
+                }
+                let r = app
+                    .raw_with(method.clone(), path, content_type, origin, Vec::new().into())
+                    .await;
+                assert_eq!(
+                    r.status,
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "{method} {path} {content_type:?} {origin:?}: {r:?}"
+                );
+                assert_eq!(r.body["type"], "/problems/unsupported-media-type");
+            }
         }
+        // A body of unknown length (chunked) without a content type may be a form.
+        let chunks = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"limit=5"))]);
+        let r = app
+            .raw_with(method.clone(), path, "", &[], reqwest::Body::wrap_stream(chunks))
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{method} {path} chunked: {r:?}"
+        );
     }
     assert_eq!(ledger_state(&app).await, before);
     let r = app
@@ -632,6 +654,12 @@ async fn writes_need_a_json_content_type(backend: Backend) {
         .await;
     assert_eq!(r.status, StatusCode::OK, "an empty JSON body is still `{{}}`");
     assert_eq!(r.body["children"].as_array().unwrap().len(), 2);
+    // curl -X POST: no body, no content type, no Origin.
+    for (path, paused) in [("/v1/queues/q/pause", true), ("/v1/queues/q/resume", false)] {
+        let r = app.raw(Method::POST, path, "", Vec::new()).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {r:?}");
+        assert_eq!(r.body["paused"], paused, "{r:?}");
+    }
 }
 
 /// A response with the parent id named in it replaced, to compare the

@@ -176,14 +176,19 @@ async fn openapi_prints_the_checked_in_document() {
     );
 }
 
+/// Each help shows examples and only its own command's flags: the database
+/// flags where the command connects (never the password), the serve flags
+/// only for serve; `token new --help` fits a screen.
 #[tokio::test]
 async fn every_subcommand_help_shows_examples_and_no_secret() {
-    for args in [
-        &["serve", "--help"][..],
-        &["migrate", "--help"],
-        &["openapi", "--help"],
-        &["reconcile", "--help"],
-        &["token", "--help"],
+    for (args, connects) in [
+        (&["--help"][..], false),
+        (&["serve", "--help"], true),
+        (&["migrate", "--help"], true),
+        (&["openapi", "--help"], false),
+        (&["reconcile", "--help"], true),
+        (&["token", "--help"], false),
+        (&["token", "new", "--help"], false),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
             .args(args)
@@ -197,10 +202,57 @@ async fn every_subcommand_help_shows_examples_and_no_secret() {
             !help.contains("hunter2-secret"),
             "{args:?} shows the database password:\n{help}"
         );
-        assert!(help.contains("--database-url"), "{args:?}:\n{help}");
+        assert_eq!(help.contains("--database-url"), connects, "{args:?}:\n{help}");
+        assert_eq!(
+            help.contains("--max-body-bytes"),
+            args[0] == "serve",
+            "serve's flags are serve's: {args:?}:\n{help}"
+        );
     }
     let output = run(&["reconcile", "--help"]).await;
     let (help, _) = succeeded(&output);
     assert!(help.contains("--apply") && help.contains("--queue"), "{help}");
     assert!(help.contains("child-ledger reconcile --queue events --apply"), "{help}");
+    let (help, _) = succeeded(&run(&["token", "new", "--help"]).await);
+    println!("token new --help: {} lines", help.lines().count());
+    assert!(help.lines().count() < 40, "{help}");
+    assert!(help.contains("child-ledger token new --name"), "{help}");
+}
+
+/// A configuration error is one line saying what to change, exit status 1,
+/// never a backtrace, even with `RUST_BACKTRACE=1`.
+#[tokio::test]
+async fn a_configuration_error_is_a_message_not_a_backtrace() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+        .args(["--listen", "0.0.0.0:0"])
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("LEDGER_TOKENS_FILE")
+        .env_remove("LEDGER_ALLOW_ANONYMOUS")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("Error: refusing to serve"), "{stderr}");
+    assert!(stderr.contains("--tokens-file"), "{stderr}");
+    assert!(
+        !stderr.contains("backtrace") && !stderr.contains("Stack") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}
+
+/// The log is coloured only on a terminal: written to a file, it holds no
+/// escape codes.
+#[tokio::test]
+async fn logs_to_a_file_carry_no_colour() {
+    let dir = std::env::temp_dir().join(format!("child-ledger-log-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("ledger.db").display());
+    let mut service = common::process::ServiceProcess::start("colour", &url, &[]).await;
+    service.ready().await;
+    service.terminate(std::time::Duration::from_secs(30)).await;
+    let log = service.log_text();
+    assert!(log.contains("ledger ready"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in a log file:\n{log:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -187,6 +187,57 @@ async fn delete_removes_a_complete_parent(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM lane WHERE parent_id = 'D-1'").await, 0);
 }
 
+/// A queue reads as one (200) while it has a parent or is paused: a paused
+/// queue whose last parent was deleted still shows `"paused": true`, and so
+/// does a paused queue that never had one; a queue with neither is 404.
+async fn a_paused_queue_outlives_its_parents(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "Q-1", json!({"queue": "gone", "children": children(2)})).await;
+    let r = app.post("/v1/queues/gone/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let r = app.post("/v1/parents/Q-1/cancel", json!({"reason": "done"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let r = app.request(reqwest::Method::DELETE, "/v1/parents/Q-1", None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+
+    let r = app.get("/v1/queues/gone").await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["paused"], true, "{r:?}");
+    assert_eq!(
+        r.body["parents"],
+        json!({"decomposing": 0, "active": 0, "complete": 0}),
+        "{r:?}"
+    );
+    assert_eq!(r.body["children"]["total"], 0, "{r:?}");
+    assert!(r.body["oldest_pending_since"].is_null(), "{r:?}");
+    let r = app.post("/v1/queues/never-had-one/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(app.get("/v1/queues/never-had-one").await.body["paused"], true);
+    register(&app, "Q-2", json!({"queue": "open", "children": children(1)})).await;
+    let listed: Vec<(String, bool)> = app.get("/v1/queues").await.body["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| (q["queue"].as_str().unwrap().to_owned(), q["paused"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("gone".to_owned(), true),
+            ("never-had-one".to_owned(), true),
+            ("open".to_owned(), false)
+        ],
+        "by name, paused ones too"
+    );
+
+    // Resumed, a queue with no parent is unknown again.
+    let r = app.post("/v1/queues/gone/resume", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let r = app.get("/v1/queues/gone").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
+    assert!(r.content_type.starts_with("application/problem+json"), "{r:?}");
+}
+
 /// With `--retain-complete-seconds 1` the pruner deletes complete parents
 /// (one of 12,000 children, more than one batch) and leaves the rest.
 async fn retention_prunes_complete_parents(backend: Backend) {
@@ -274,5 +325,6 @@ both_stores!(
     cancel_skips_open_children_and_completes,
     pause_holds_claims_until_resumed,
     delete_removes_a_complete_parent,
+    a_paused_queue_outlives_its_parents,
     retention_prunes_complete_parents,
 );

@@ -20,6 +20,7 @@ use std::time::Duration;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
 const PARENTS: usize = 6;
@@ -283,3 +284,247 @@ async fn example_workers_share_a_queue(backend: Backend) {
 }
 
 both_stores!(example_workers_share_a_queue);
+
+/// Runs one example worker with `args` (and `env`) to its end, within
+/// `within`: its exit status, how long it ran, and its stderr.
+async fn run_to_end(
+    example: &Example,
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+) -> (std::process::ExitStatus, Duration, String) {
+    let started = std::time::Instant::now();
+    let child = Command::new(example.program)
+        .arg(&example.script)
+        .args(args)
+        .env_remove("LEDGER_TOKEN")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {} (needed for the {} worker): {e}",
+                example.program, example.lang
+            )
+        });
+    let output = tokio::time::timeout(within, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("the {} worker still ran after {within:?} ({args:?})", example.lang))
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status, started.elapsed(), stderr)
+}
+
+/// What retrying cannot fix stops every example worker at once, non-zero,
+/// saying why: a token the service does not know (401), a token that cannot
+/// go in a header (the README's old `LEDGER_TOKEN=…` placeholder), a
+/// `--limit` past the service's bound (422).
+#[tokio::test]
+async fn workers_stop_at_once_on_what_cannot_get_better() {
+    /// One way to start a worker that must stop at once, and what it must say.
+    struct FailFast<'a> {
+        case: &'a str,
+        args: &'a [&'a str],
+        env: &'a [(&'a str, &'a str)],
+        says: &'a str,
+    }
+    let (worker_token, worker_entry) = token("fail-fast", &[Role::Worker], &[]);
+    let app = spawn_app_with_tokens(Backend::Sqlite, json!([worker_entry])).await;
+    let dir = std::env::temp_dir().join(format!("child-ledger-fail-fast-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut report = Vec::new();
+    for example in &examples(&dir).await {
+        let lang = example.lang;
+        let common = ["--url", app.base.as_str(), "--queue", QUEUE, "--exit-when-empty"];
+        let unknown = [&common[..], &["--token", "not-a-token-the-service-knows"]].concat();
+        let too_many = [&common[..], &["--token", worker_token.as_str(), "--limit", "5000"]].concat();
+        let non_ascii = [("LEDGER_TOKEN", "\u{2026}")];
+        let cases = [
+            FailFast {
+                case: "unknown token",
+                args: &unknown,
+                env: &[],
+                says: "401",
+            },
+            FailFast {
+                case: "non-ASCII token",
+                args: &common,
+                env: &non_ascii,
+                says: "token",
+            },
+            FailFast {
+                case: "--limit 5000",
+                args: &too_many,
+                env: &[],
+                says: "422",
+            },
+        ];
+        for FailFast { case, args, env, says } in cases {
+            let (status, took, stderr) = run_to_end(example, args, env, Duration::from_secs(20)).await;
+            assert!(!status.success(), "{lang}, {case}: exited 0\n{stderr}");
+            assert!(took < Duration::from_secs(5), "{lang}, {case}: took {took:?}\n{stderr}");
+            assert!(
+                stderr.contains(says),
+                "{lang}, {case}: stderr does not say {says:?}:\n{stderr}"
+            );
+            assert!(
+                !stderr.contains("retrying"),
+                "{lang}, {case}: retried what cannot get better:\n{stderr}"
+            );
+            report.push(format!("{lang} {case}: {} in {:.2} s", status, took.as_secs_f64()));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stand-in for the service on `port`: it answers claims with `statuses` in
+/// turn (each with `Retry-After: 0`), then with an empty claim, and counts
+/// every request it was sent.
+async fn flaky_service(
+    listener: tokio::net::TcpListener,
+    statuses: Vec<u16>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut statuses = statuses.into_iter();
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            return;
+        };
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The head, then as much body as it announces.
+        let head_end = loop {
+            let n = socket.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break None;
+            }
+            request.extend_from_slice(&buf[..n]);
+            if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                break Some(at + 4);
+            }
+        };
+        let Some(head_end) = head_end else { continue };
+        let head = String::from_utf8_lossy(&request[..head_end]).into_owned();
+        let length = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or(0);
+        while request.len() < head_end + length {
+            let n = socket.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            request.extend_from_slice(&buf[..n]);
+        }
+        let line = head.lines().next().unwrap_or("").to_owned();
+        seen.lock().unwrap().push(line.clone());
+        let refused = if line.contains("/claims") {
+            statuses.next()
+        } else {
+            None
+        };
+        let (status, body) = match refused {
+            Some(status) => (
+                status,
+                json!({"type": "/problems/database-unavailable", "title": "try again", "status": status}).to_string(),
+            ),
+            None => (
+                200,
+                json!({"claim_id": uuid::Uuid::new_v4(), "lease_expires_at": "2026-12-01T00:00:00Z", "children": []})
+                    .to_string(),
+            ),
+        };
+        let content_type = if status == 200 {
+            "application/json"
+        } else {
+            "application/problem+json"
+        };
+        let answer = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nretry-after: 0\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = socket.write_all(answer.as_bytes()).await;
+        let _ = socket.shutdown().await;
+    }
+}
+
+/// What can get better is retried: every example worker started before the
+/// service listens (the service starts once the worker says its connection
+/// was refused), then answered 503, 503 and 429, keeps claiming and ends
+/// normally (`--exit-when-empty`) once a claim is answered.
+#[tokio::test]
+async fn workers_retry_what_can_get_better() {
+    let dir = std::env::temp_dir().join(format!("child-ledger-retry-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut report = Vec::new();
+    for example in &examples(&dir).await {
+        let lang = example.lang;
+        let port = common::process::free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let args = ["--url", url.as_str(), "--queue", QUEUE, "--exit-when-empty"];
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let started = std::time::Instant::now();
+        let mut child = Command::new(example.program)
+            .arg(&example.script)
+            .args(args)
+            .env_remove("LEDGER_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} for the {lang} worker: {e}", example.program));
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        // Nobody listens until the worker says its connection was refused.
+        let mut stderr = String::new();
+        while !stderr.to_lowercase().contains("refused") {
+            let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("{lang}: no refused connection within 20 s:\n{stderr}"))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{lang}: exited before a refused connection:\n{stderr}"));
+            stderr.push_str(&line);
+            stderr.push('\n');
+        }
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let service = tokio::spawn(flaky_service(listener, vec![503, 503, 429], seen.clone()));
+        let rest = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut rest = String::new();
+            while let Some(line) = lines.next_line().await.unwrap() {
+                rest.push_str(&line);
+                rest.push('\n');
+            }
+            (child.wait().await.unwrap(), rest)
+        })
+        .await;
+        let (status, rest) = rest.unwrap_or_else(|_| panic!("{lang}: still running 30 s after the service listened"));
+        stderr.push_str(&rest);
+        let took = started.elapsed();
+        service.abort();
+        let seen = seen.lock().unwrap().clone();
+        assert!(status.success(), "{lang}: {status}\n{stderr}\nrequests: {seen:?}");
+        let claims = seen
+            .iter()
+            .filter(|l| l.starts_with("POST") && l.contains("/claims"))
+            .count();
+        assert_eq!(
+            claims, 4,
+            "{lang}: 503, 503, 429, then the empty claim: {seen:?}\n{stderr}"
+        );
+        assert!(stderr.contains("503") && stderr.contains("429"), "{lang}:\n{stderr}");
+        report.push(format!(
+            "{lang}: {claims} claims, exit 0 after {:.2} s",
+            took.as_secs_f64()
+        ));
+    }
+    eprintln!("{}", report.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -88,7 +88,10 @@ async fn paged_sweep_visits_every_parent_once(backend: Backend) {
     let mut calls = 0;
     loop {
         let r = app
-            .post("/v1/reconcile", json!({"limit": 5, "cursor": cursor, "queue": "paged"}))
+            .post(
+                "/v1/reconcile",
+                json!({"dry_run": false, "limit": 5, "cursor": cursor, "queue": "paged"}),
+            )
             .await;
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
         repaired += r.body["repaired"].as_u64().unwrap();

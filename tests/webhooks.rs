@@ -467,7 +467,7 @@ async fn one_event_per_completion(backend: Backend) {
         .execute_raw("UPDATE parent SET completed_at = NULL WHERE parent_id = 'H-out-1'")
         .await
         .unwrap();
-    let (status, report) = post(base, "/v1/parents/H-out-1/reconcile", json!({})).await;
+    let (status, report) = post(base, "/v1/parents/H-out-1/reconcile", json!({"dry_run": false})).await;
     assert_eq!(status, StatusCode::OK, "{report}");
     assert_eq!(report["applied"], true, "{report}");
     let (deliveries, _) = eventually("the re-completion delivered", Duration::from_secs(20), || async {

@@ -6,8 +6,9 @@
 // With access control on, give a token with the `worker` role (--token, or
 // LEDGER_TOKEN in the environment): it is sent as `Authorization: Bearer`.
 //
-// The loop, for anyone writing a worker in another language (API.md is the
-// contract; GET /openapi.json is its machine-readable form):
+// The loop, for anyone writing a worker in another language (the contract is
+// the OpenAPI document, openapi/openapi.json in the repository and GET
+// /openapi.json on the service):
 //
 // 1. Claim a leased chunk: POST /v1/queues/{queue}/claims
 //        {"limit": 50, "lease_seconds": 30, "worker": "node-123", "wait_seconds": 5}
@@ -37,11 +38,21 @@
 //    already computed, give the rest back with POST /v1/claims/{claim_id}/release
 //    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
 //    this claim still holds move) and exit 0.
-// 6. Connection errors and 429/502/503/504 are retried with exponential backoff,
-//    honouring Retry-After. Other errors are application/problem+json: log "type"
-//    and "detail". Outcome, extend and release calls are safe to repeat. A claim
-//    whose answer was lost leaves its children leased to nobody until the lease
-//    runs out; they then come back with previous_attempt "expired" (step 3).
+// 6. What can get better is retried with exponential backoff, honouring
+//    Retry-After: a refused or lost connection, a timeout, 429, 502, 503 and 504.
+//    Outcome, extend and release calls are safe to repeat. A claim whose answer
+//    was lost leaves its children leased to nobody until the lease runs out; they
+//    then come back with previous_attempt "expired" (step 3).
+//    What cannot get better stops the worker at once with a clear message and
+//    exit status 2: any other answer to a claim (401 a token the service does
+//    not know, 403, 404, 422 a flag out of range: application/problem+json, whose
+//    "type" and "detail" are logged), a token that cannot go in a header, an
+//    answer that is not JSON. Such an answer to an extend, an outcome batch or
+//    a release is logged; those children come back when the lease runs out.
+// 7. --exit-when-empty: exit once a claim comes back empty and nothing this
+//    worker claimed is still in flight (children whose outcome it could not
+//    record stay leased to it until their lease runs out; it claims on until
+//    then). Other workers' leases are theirs: it does not wait for them.
 //
 // stderr gets one log line per chunk; stdout gets one JSON line at exit:
 // {"worker", "lang", "claimed", "processed", "failed", "deduplicated", "not_applied",
@@ -81,6 +92,8 @@ class Problem extends Error {
 }
 /** The service stayed unreachable (or kept answering 503) through every retry. */
 class Unavailable extends Error {}
+/** Something retrying will not fix that is not a problem answer: stop with this message. */
+class Fatal extends Error {}
 
 let opts;
 try {
@@ -110,6 +123,13 @@ if (opts.error || !opts.queue) {
 }
 const base = opts.url.replace(/\/+$/, "");
 const headers = { "content-type": "application/json", accept: "application/json" };
+// A bearer token is visible ASCII: anything else (a pasted placeholder such
+// as "…") cannot go in a header, and no retry changes that.
+if (opts.token && !/^[\x21-\x7e]+$/.test(opts.token)) {
+  process.stderr.write("the token (--token or LEDGER_TOKEN) holds characters an HTTP header cannot carry "
+    + "(only visible ASCII): give the first line `child-ledger token new` printed\n");
+  process.exit(2);
+}
 if (opts.token) headers.authorization = `Bearer ${opts.token}`;
 const exitWhenEmpty = opts["exit-when-empty"];
 const limit = Number(opts.limit);
@@ -137,7 +157,7 @@ async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOn
         signal: AbortSignal.timeout(timeoutMs),
       });
       const text = await response.text();
-      if (response.ok) return JSON.parse(text);
+      if (response.ok) return parseAnswer(method, path, text);
       let problem;
       try { problem = JSON.parse(text); } catch { problem = { detail: text }; }
       if (!RETRY_STATUSES.has(response.status)) throw new Problem(response.status, problem ?? {});
@@ -146,7 +166,13 @@ async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOn
       const retryAfter = Number(response.headers.get("retry-after") ?? NaN);
       if (Number.isFinite(retryAfter)) wait = Math.max(0, retryAfter * 1000);
     } catch (err) {
-      if (err instanceof Problem) throw err;
+      if (err instanceof Problem || err instanceof Fatal) throw err;
+      // fetch rejects a lost connection with a TypeError whose cause says what
+      // happened, and a timeout as a TimeoutError; anything else (a header it
+      // refuses, a bad URL) is ours to fix.
+      if (!(err.name === "TimeoutError" || (err instanceof TypeError && err.cause))) {
+        throw new Fatal(`${method} ${path}: ${err.message}`);
+      }
       why = err.cause?.code ?? err.cause?.message ?? err.name; // ECONNREFUSED, UND_ERR_SOCKET, TimeoutError
     }
     if (attempt >= tries || (giveUpOnStop && stopping)) {
@@ -155,6 +181,15 @@ async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOn
     log(`${method} ${path}: ${why}; retrying in ${(wait / 1000).toFixed(1)}s`);
     await (giveUpOnStop ? nap(wait) : sleep(wait));
     delay = Math.min(delay * 2, 10000);
+  }
+}
+
+/** A 2xx answer's JSON; one that is not JSON is not the ledger answering. */
+function parseAnswer(method, path, text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new Fatal(`${method} ${path}: the answer is not JSON (is --url the ledger?): ${text.slice(0, 200)}`);
   }
 }
 
@@ -211,27 +246,6 @@ function keepLease(claimId) {
   schedule();
   lease.stop = () => { lease.done = true; clearTimeout(lease.timer); };
   return lease;
-}
-
-/** True while an active parent of the queue has pending or in-flight children:
- *  those may still come back to us (released or expired). */
-async function queueBusy() {
-  let cursor = null;
-  do {
-    const query = new URLSearchParams({ queue: opts.queue, state: "active", limit: "1000" });
-    if (cursor) query.set("cursor", cursor);
-    let page;
-    try {
-      page = await call("GET", `/v1/parents?${query}`);
-    } catch (err) {
-      if (!(err instanceof Unavailable)) throw err;
-      log(`list parents: ${err.message}`);
-      return true;
-    }
-    if (page.parents.some((p) => p.counts.pending + p.counts.in_flight > 0)) return true;
-    cursor = page.next_cursor;
-  } while (cursor);
-  return false;
 }
 
 /** Returns [outcome item for POST /v1/outcomes, whether the work was skipped as done]. */
@@ -307,6 +321,9 @@ async function workChunk(claimId, children) {
     lease.stop();
   }
   if (todo.length) await release(claimId, todo); // never started: give back what this claim still holds
+  // Children whose outcome was not recorded (or that were not given back)
+  // stay leased to this claim until the lease runs out.
+  if (stats.abandoned > before.abandoned) ownLeasesUntil = Math.max(ownLeasesUntil, lease.deadline);
   const delta = Object.fromEntries(
     Object.entries(stats).filter(([k, v]) => v !== before[k]).map(([k, v]) => [k, v - before[k]]),
   );
@@ -315,10 +332,14 @@ async function workChunk(claimId, children) {
     + `${JSON.stringify(delta)} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
 }
 
+// Until when (our clock) children this worker abandoned may still be leased to it.
+let ownLeasesUntil = 0;
+
 async function run() {
   const body = { limit, lease_seconds: leaseSeconds, worker: opts.worker, wait_seconds: waitSeconds };
   while (!stopping) {
     let claim;
+    const claimed = performance.now();
     try {
       claim = await call("POST", `/v1/queues/${encodeURIComponent(opts.queue)}/claims`, body,
         { timeoutMs: (waitSeconds + 30) * 1000, giveUpOnStop: true });
@@ -329,8 +350,8 @@ async function run() {
     }
     if (claim.children.length) {
       await workChunk(claim.claim_id, claim.children);
-    } else if (exitWhenEmpty && !(await queueBusy())) {
-      log("queue drained: exiting");
+    } else if (exitWhenEmpty && claimed > ownLeasesUntil) {
+      log("nothing claimable and nothing of ours in flight: exiting");
       return;
     } else if (waitSeconds === 0) {
       await nap(1000);
@@ -350,8 +371,8 @@ let code = 0;
 try {
   await run();
 } catch (err) {
-  if (!(err instanceof Problem)) throw err;
-  // e.g. 400 for a bad queue name, 422 for --limit 5000: fix the flags
+  if (!(err instanceof Problem || err instanceof Fatal)) throw err;
+  // e.g. 401 for an unknown token, 400 for a bad queue name, 422 for --limit 5000: fix the flags
   log(`giving up: ${err.message}`);
   code = 2;
 }

@@ -6,8 +6,9 @@
 With access control on, give a token with the `worker` role (--token, or
 LEDGER_TOKEN in the environment): it is sent as `Authorization: Bearer`.
 
-The loop, for anyone writing a worker in another language (API.md is the
-contract; GET /openapi.json is its machine-readable form):
+The loop, for anyone writing a worker in another language (the contract is
+the OpenAPI document, openapi/openapi.json in the repository and GET
+/openapi.json on the service):
 
 1. Claim a leased chunk: POST /v1/queues/{queue}/claims
        {"limit": 50, "lease_seconds": 30, "worker": "python-123", "wait_seconds": 5}
@@ -37,11 +38,21 @@ contract; GET /openapi.json is its machine-readable form):
    already computed, give the rest back with POST /v1/claims/{claim_id}/release
    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
    this claim still holds move) and exit 0.
-6. Connection errors and 429/502/503/504 are retried with exponential backoff,
-   honouring Retry-After. Other errors are application/problem+json: log "type"
-   and "detail". Outcome, extend and release calls are safe to repeat. A claim
-   whose answer was lost leaves its children leased to nobody until the lease
-   runs out; they then come back with previous_attempt "expired" (step 3).
+6. What can get better is retried with exponential backoff, honouring
+   Retry-After: a refused or lost connection, a timeout, 429, 502, 503 and 504.
+   Outcome, extend and release calls are safe to repeat. A claim whose answer
+   was lost leaves its children leased to nobody until the lease runs out; they
+   then come back with previous_attempt "expired" (step 3).
+   What cannot get better stops the worker at once with a clear message and
+   exit status 2: any other answer to a claim (401 a token the service does
+   not know, 403, 404, 422 a flag out of range: application/problem+json, whose
+   "type" and "detail" are logged), a token that cannot go in a header, an
+   answer that is not JSON. Such an answer to an extend, an outcome batch or
+   a release is logged; those children come back when the lease runs out.
+7. --exit-when-empty: exit once a claim comes back empty and nothing this
+   worker claimed is still in flight (children whose outcome it could not
+   record stay leased to it until their lease runs out; it claims on until
+   then). Other workers' leases are theirs: it does not wait for them.
 
 stderr gets one log line per chunk; stdout gets one JSON line at exit:
 {"worker", "lang", "claimed", "processed", "failed", "deduplicated", "not_applied",
@@ -53,6 +64,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -81,6 +93,10 @@ class Unavailable(Exception):
     """The service stayed unreachable (or kept answering 503) through every retry."""
 
 
+class Fatal(Exception):
+    """Something retrying will not fix that is not a problem answer: stop with this message."""
+
+
 class Ledger:
     """JSON over HTTP, retrying transient failures."""
 
@@ -97,7 +113,12 @@ class Ledger:
             request = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
             try:
                 with urllib.request.urlopen(request, timeout=timeout) as response:
-                    return json.load(response)
+                    raw = response.read()
+                try:
+                    return json.loads(raw)
+                except ValueError:
+                    raise Fatal(f"{method} {path}: the answer is not JSON (is --url the ledger?): "
+                                f"{raw[:200].decode(errors='replace')}") from None
             except urllib.error.HTTPError as err:
                 raw = err.read()
                 try:
@@ -109,6 +130,8 @@ class Ledger:
                 why, wait = f"HTTP {err.code}", retry_after(err.headers.get("Retry-After"), delay)
             except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, cut short
                 why, wait = str(getattr(err, "reason", err)), delay
+            except ValueError as err:  # an unusable --url or header: ours to fix
+                raise Fatal(f"{method} {path}: {err}") from None
             if attempt == tries or (give_up_on_stop and self.stop.is_set()):
                 raise Unavailable(f"{method} {path}: gave up after {attempt} tries ({why})")
             log(f"{method} {path}: {why}; retrying in {wait:.1f}s")
@@ -198,6 +221,8 @@ class Worker:
         self.work = lambda child: do_work(child, args.worker, args.work_ms)
         self.stats = dict.fromkeys(
             ["claimed", "processed", "failed", "deduplicated", "not_applied", "released", "abandoned"], 0)
+        # Until when (our clock) children this worker abandoned may still be leased to it.
+        self.own_leases_until = 0.0
 
     def run(self):
         a = self.args
@@ -205,6 +230,7 @@ class Worker:
         body = {"limit": a.limit, "lease_seconds": a.lease_seconds, "worker": a.worker,
                 "wait_seconds": a.wait_seconds}
         while not self.stop.is_set():
+            claimed = time.monotonic()
             try:
                 claim = self.api.call("POST", path, body, timeout=a.wait_seconds + 30, give_up_on_stop=True)
             except Unavailable as err:
@@ -212,30 +238,11 @@ class Worker:
                 continue
             if claim["children"]:
                 self.work_chunk(claim["claim_id"], claim["children"])
-            elif a.exit_when_empty and not self.queue_busy():
-                log("queue drained: exiting")
+            elif a.exit_when_empty and claimed > self.own_leases_until:
+                log("nothing claimable and nothing of ours in flight: exiting")
                 return
             elif a.wait_seconds == 0:
                 self.stop.wait(1)
-
-    def queue_busy(self):
-        """True while an active parent of the queue has pending or in-flight
-        children: those may still come back to us (released or expired)."""
-        cursor = None
-        while True:
-            query = {"queue": self.args.queue, "state": "active", "limit": 1000}
-            if cursor:
-                query["cursor"] = cursor
-            try:
-                page = self.api.call("GET", "/v1/parents?" + urllib.parse.urlencode(query))
-            except Unavailable as err:
-                log(f"list parents: {err}")
-                return True
-            if any(p["counts"]["pending"] + p["counts"]["in_flight"] for p in page["parents"]):
-                return True
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return False
 
     def work_chunk(self, claim_id, children):
         started, before = time.monotonic(), dict(self.stats)
@@ -255,6 +262,10 @@ class Worker:
             keeper.done.set()
         if todo:  # never started: give back what this claim still holds
             self.release(claim_id, todo)
+        # Children whose outcome was not recorded (or that were not given back)
+        # stay leased to this claim until the lease runs out.
+        if self.stats["abandoned"] > before["abandoned"]:
+            self.own_leases_until = max(self.own_leases_until, keeper.deadline)
         delta = {k: v - before[k] for k, v in self.stats.items() if v != before[k]}
         expired = sum(c.get("previous_attempt") == "expired" for c in children)
         log(f"{self.args.worker} claim {claim_id}: {len(children)} children ({expired} after an "
@@ -311,7 +322,7 @@ def main():
                         help="bearer token with the worker role (default: $LEDGER_TOKEN)")
     parser.add_argument("--worker", default=f"{LANG}-{os.getpid()}", help="label shown as claimed_by")
     parser.add_argument("--exit-when-empty", action="store_true",
-                        help="exit once a claim is empty and the queue has nothing pending or in flight")
+                        help="exit once a claim is empty and nothing this worker claimed is in flight")
     parser.add_argument("--limit", type=int, default=50, help="children per claim (1-1000)")
     parser.add_argument("--lease-seconds", type=int, default=30, help="lease length (1-86400)")
     parser.add_argument("--wait-seconds", type=int, default=None,
@@ -321,6 +332,12 @@ def main():
     parser.add_argument("--effects-file",
                         help="JSON-lines file standing in for the remote side's idempotency keys")
     args = parser.parse_args()
+    # A bearer token is visible ASCII: anything else (a pasted placeholder such
+    # as "…") cannot go in a header, and no retry changes that.
+    if args.token and not re.fullmatch(r"[\x21-\x7e]+", args.token):
+        print("the token (--token or LEDGER_TOKEN) holds characters an HTTP header cannot carry "
+              "(only visible ASCII): give the first line `child-ledger token new` printed", file=sys.stderr)
+        sys.exit(2)
     if args.wait_seconds is None:
         args.wait_seconds = 1 if args.exit_when_empty else 5
 
@@ -337,7 +354,7 @@ def main():
     code = 0
     try:
         worker.run()
-    except Problem as err:  # e.g. 400 for a bad queue name, 422 for --limit 5000: fix the flags
+    except (Problem, Fatal) as err:  # e.g. 401 an unknown token, 400 a bad queue name, 422 --limit 5000
         log(f"giving up: {err}")
         code = 2
     print(json.dumps({"worker": args.worker, "lang": LANG, **worker.stats}), flush=True)

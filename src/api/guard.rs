@@ -1,7 +1,8 @@
 //! Who may call what. After routing, every request to a guarded route shows
 //! its bearer token (when the service has tokens), the token's role must grant
-//! what the route needs, a write must say it is JSON (a browser form cannot),
-//! and a parent or queue named in the path must be in the token's queues.
+//! what the route needs, a write must say it is JSON (a browser form cannot)
+//! unless it has no body and no browser sent it, and a parent or queue named
+//! in the path must be in the token's queues.
 //! One table, `rule`, says what each operation needs; the OpenAPI document
 //! is written from the same table. Access is denied by default: an
 //! operation the table does not name is refused, and a service with such an
@@ -281,7 +282,7 @@ async fn admit(
         state.metrics.auth_failure("forbidden");
         return Err(forbidden(&grant, needed, "call this operation"));
     }
-    if *method == Method::POST || *method == Method::PUT {
+    if (*method == Method::POST || *method == Method::PUT) && !bodiless_from_no_browser(headers) {
         require_json(headers)?;
     }
     if !grant.queues.is_every() {
@@ -295,9 +296,23 @@ fn registers(method: &Method, route: &str) -> bool {
     *method == Method::PUT && route == "/v1/parents/{parent_id}"
 }
 
-/// A write must be declared JSON, even with an empty body: a browser sends
-/// a cross-site form or `fetch` without preflight only as
-/// `application/x-www-form-urlencoded`, `multipart/form-data` or `text/plain`.
+/// Whether a write has no body, no content type and no `Origin`: then it
+/// reads as `{}` (`curl -X POST .../pause`). A browser names the page's origin
+/// on every POST it sends (the Fetch standard; a form, `fetch` in `no-cors`
+/// mode and `sendBeacon` alike), so a cross-site page cannot make one of
+/// these; with an `Origin`, even an empty write must say it is JSON.
+fn bodiless_from_no_browser(headers: &HeaderMap) -> bool {
+    let no_body = match headers.get(header::CONTENT_LENGTH) {
+        Some(length) => length.as_bytes() == b"0",
+        None => !headers.contains_key(header::TRANSFER_ENCODING),
+    };
+    no_body && !headers.contains_key(header::CONTENT_TYPE) && !headers.contains_key(header::ORIGIN)
+}
+
+/// A write must be declared JSON, even with an empty body, when a browser may
+/// have sent it: a browser sends a cross-site form or `fetch` without
+/// preflight only as `application/x-www-form-urlencoded`,
+/// `multipart/form-data` or `text/plain`, or with no body and no type.
 fn require_json(headers: &HeaderMap) -> ApiResult<()> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     match content_type {
@@ -306,7 +321,9 @@ fn require_json(headers: &HeaderMap) -> ApiResult<()> {
             "expected content-type application/json, got {ct:?}"
         ))),
         None => Err(ApiError::UnsupportedMediaType(
-            "expected content-type application/json, got none (send it even with an empty body)".to_owned(),
+            "expected content-type application/json, got none (a body, or any write a browser sends, must say it is \
+             JSON)"
+                .to_owned(),
         )),
     }
 }

@@ -107,9 +107,11 @@ fn lower_camel(snake: &str) -> String {
 /// any `/v1` operation can answer a 4xx problem (a body over the limit, a
 /// wrong content type, an invalid parameter) and a 503 problem with
 /// `Retry-After` (the database is unreachable or the request ran out of time);
-/// a request body whose members are all optional may be `{}`, or empty (read
-/// as `{}`), but is still sent as `application/json`: a write without that
-/// content type is 415, which a browser form cannot forge.
+/// a request body whose members are all optional is not required: `{}`, an
+/// empty body (read as `{}`) sent as `application/json`, or no body and no
+/// content type at all (`curl -X POST`) are the same. Any other write without
+/// that content type is 415, which a browser form cannot forge, and so is a
+/// bodiless one that carries an `Origin` (a browser sent it).
 fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
     let problem = |description: &str| {
         ResponseBuilder::new().description(description).content(
@@ -168,9 +170,10 @@ fn document_every_operation(api: &mut utoipa::openapi::OpenApi) {
                 .as_mut()
                 .filter(|b| matches!(b, RefOr::T(b) if all_optional(b)))
             {
-                body.required = Some(Required::True);
-                let note = "Every member is optional: send `{}` (an empty body reads as `{}`, but the \
-                            content type must still be `application/json`).";
+                body.required = Some(Required::False);
+                let note = "Every member is optional, and so is the body: `{}`, an empty body and no body \
+                            are the same. A body is sent as `application/json`; only a request with no body \
+                            and no `Origin` header may leave the content type out.";
                 body.description = Some(match body.description.take() {
                     Some(d) => format!("{d}. {note}"),
                     None => note.to_owned(),

@@ -23,7 +23,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct QueueList {
-    /// Every queue that has had a parent (within the token's queues), by name.
+    /// Every queue that has a parent or is paused (within the token's queues), by name.
     pub queues: Vec<Queue>,
 }
 
@@ -49,7 +49,7 @@ async fn list_queues(State(state): State<AppState>, caller: Caller) -> ApiResult
     params(("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`")),
     responses(
         (status = 200, description = "The queue", body = Queue),
-        (status = 404, description = "The queue has never had a parent", body = Problem,
+        (status = 404, description = "The queue has no parent and is not paused", body = Problem,
          content_type = "application/problem+json"),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
     )

@@ -24,6 +24,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_job))
 }
 
+/// What a reconcile that names no `dry_run` does: only look, as
+/// `child-ledger reconcile` without `--apply` does. Repairing is asked for.
+const DRY_RUN_BY_DEFAULT: bool = true;
+
 /// Parents one `POST /v1/reconcile` checks when it names no `limit`.
 const DEFAULT_SWEEP_LIMIT: i64 = 1000;
 /// The most parents one `POST /v1/reconcile` may check.
@@ -32,21 +36,23 @@ const MAX_SWEEP_LIMIT: i64 = 10_000;
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcileParent {
-    /// `true`: only report the differences (default `false`: repair them).
+    /// `true` (the default): only report the differences; `false`: repair them.
+    #[schema(default = true)]
     dry_run: Option<bool>,
 }
 
 /// Reconcile one parent's projection with its child rows.
 ///
 /// Derives `total/processed/failed/skipped/complete` from the rows, compares
-/// them with the stored projection and, unless `dry_run`, repairs it. A
-/// premature `completed_at` (a non-terminal child remains) is cleared.
+/// them with the stored projection and, with `"dry_run": false`, repairs it
+/// (by default it only reports). A premature `completed_at` (a non-terminal
+/// child remains) is cleared.
 #[utoipa::path(
     post,
     path = "/v1/parents/{parent_id}/reconcile",
     tag = "reconcile",
     params(("parent_id" = ParentId, Path, description = "Parent id")),
-    request_body(content = ReconcileParent, description = "`{\"dry_run\": true}` to only look"),
+    request_body(content = ReconcileParent, description = "`{}` only looks (a dry run); `{\"dry_run\": false}` repairs"),
     responses(
         (status = 200, body = ReconcileReport),
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
@@ -60,14 +66,18 @@ async fn reconcile_parent(
 ) -> ApiResult<Json<ReconcileReport>> {
     let parent_id = parent_id_param(&parent_id)?;
     Ok(Json(
-        state.store.reconcile(&parent_id, body.dry_run.unwrap_or(false)).await?,
+        state
+            .store
+            .reconcile(&parent_id, body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT))
+            .await?,
     ))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcileAll {
-    /// `true`: only report (default `false`: repair).
+    /// `true` (the default): only report; `false`: repair.
+    #[schema(default = true)]
     dry_run: Option<bool>,
     /// Only this queue's parents.
     queue: Option<QueueName>,
@@ -101,7 +111,7 @@ fn sweep_cursor(cursor: Option<&str>) -> ApiResult<i64> {
     post,
     path = "/v1/reconcile",
     tag = "reconcile",
-    request_body(content = ReconcileAll, description = "`{\"dry_run\": true}` to only look"),
+    request_body(content = ReconcileAll, description = "`{}` only looks (a dry run); `{\"dry_run\": false}` repairs"),
     responses(
         (status = 200, body = SweepReport),
         (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
@@ -120,7 +130,7 @@ async fn reconcile_all(
             .reconcile_sweep(
                 body.queue.as_ref(),
                 &caller.0.queues,
-                body.dry_run.unwrap_or(false),
+                body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT),
                 after,
                 limit,
             )
@@ -131,7 +141,8 @@ async fn reconcile_all(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartJob {
-    /// `true`: only report (default `false`: repair).
+    /// `true` (the default): only report; `false`: repair.
+    #[schema(default = true)]
     dry_run: Option<bool>,
     /// Only this queue's parents.
     queue: Option<QueueName>,
@@ -159,7 +170,11 @@ async fn start_job(
 ) -> ApiResult<(StatusCode, Json<ReconcileJob>)> {
     let job = state
         .store
-        .create_reconcile_job(body.dry_run.unwrap_or(false), body.queue.as_ref(), &caller.0.queues)
+        .create_reconcile_job(
+            body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT),
+            body.queue.as_ref(),
+            &caller.0.queues,
+        )
         .await?;
     let queue = job.queue.as_ref().map(QueueName::as_str);
     tracing::info!(job_id = %job.job_id, dry_run = job.dry_run, queue, "reconcile job started");

@@ -9,7 +9,7 @@ use super::{Store, StoreResult};
 use crate::ledger::{Queue, QueueName, QueueScope};
 
 impl Store {
-    /// Every queue within `within` that has ever had a parent (or only
+    /// Every queue within `within` that has a parent or is paused (or only
     /// `queue`), in name order.
     pub async fn queues(&self, queue: Option<&QueueName>, within: &QueueScope) -> StoreResult<Vec<Queue>> {
         let scope = within.as_json();
@@ -29,7 +29,8 @@ impl Store {
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
 /// `reports::QueueRow`): parents by state and their projections summed, their
 /// minute buckets, and the oldest pending child of each open lane, which its
-/// first entry in `child_pending_since` gives.
+/// first entry in `child_pending_since` gives; and a row of zeros for a
+/// paused queue without parents (none yet, or all deleted).
 static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
     format!(
         "SELECT p.queue, \
@@ -55,7 +56,12 @@ static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
              EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
-         GROUP BY p.queue ORDER BY p.queue",
+         GROUP BY p.queue \
+         UNION ALL \
+         SELECT p.queue, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, {epoch}, TRUE FROM queue_pause p \
+         WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
+             AND NOT EXISTS (SELECT 1 FROM parent x WHERE x.queue = p.queue) \
+         ORDER BY queue",
         minute = d.minute,
         epoch = d.epoch,
         within = (d.within)("$2")

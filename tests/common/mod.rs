@@ -12,9 +12,8 @@ use std::time::Duration;
 
 pub use child_ledger::access::Role;
 use child_ledger::access::{Access, TokenSet};
-use child_ledger::config::{Config, Limits};
+use child_ledger::config::{Cli, Command, Config, Limits};
 use child_ledger::startup::{Application, Stopper};
-use clap::Parser;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use sqlx::Connection;
@@ -367,9 +366,15 @@ async fn start_app(
 ) -> TestApp {
     // The service as `main` starts it, on a free port: the reaper, the work
     // listener and the reconcile jobs' loop run as in production.
-    let mut config = Config::try_parse_from(["child-ledger"]).expect("the default configuration");
+    let Command::Serve(config) = Cli::try_parse_args(["child-ledger", "serve"])
+        .expect("the default configuration")
+        .command
+    else {
+        unreachable!("serve")
+    };
+    let mut config: Config = *config;
     config.listen = "127.0.0.1:0".parse().unwrap();
-    config.database_url = database_url.clone();
+    config.database.database_url = database_url.clone();
     config.limits = limits;
     config.reap_interval_ms = 1000;
     config.shutdown_grace_seconds = 1;
@@ -456,12 +461,28 @@ impl TestApp {
 
     /// Sends a raw body with the given content type (none when empty).
     pub async fn raw(&self, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
+        self.raw_with(method, path, content_type, &[], reqwest::Body::from(body))
+            .await
+    }
+
+    /// As `raw`, with more headers and any body (a stream is sent chunked).
+    pub async fn raw_with(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        headers: &[(&str, &str)],
+        body: reqwest::Body,
+    ) -> Reply {
         let mut req = self.client.request(method, format!("{}{path}", self.base)).body(body);
         if let Some(token) = &self.token {
             req = req.bearer_auth(token);
         }
         if !content_type.is_empty() {
             req = req.header("content-type", content_type);
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         Self::reply(req.send().await.expect("request")).await
     }
