@@ -14,7 +14,7 @@ const CHILDREN: usize = 100_000;
 
 /// One claim of 100 as the lane claim statement takes it: per position, the
 /// claim id, the worker and the lease seconds.
-const CLAIM_ARGS: &str = "array_fill(gen_random_uuid(), ARRAY[100]), array_fill(NULL::text, ARRAY[100]), array_fill(300::float8, ARRAY[100])";
+const CLAIM_ARGS: &str = "array_fill(gen_random_uuid(), ARRAY[100]), array_fill(NULL::text, ARRAY[100]), array_fill(300::float8, ARRAY[100]), NULL";
 
 async fn hundred_thousand_children(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -48,7 +48,7 @@ async fn hundred_thousand_children(backend: Backend) {
         // statement is written to make the same plan, one index per part.
         let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[]) AS {}",
+            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[], text) AS {}",
             &*child_ledger::store::POSTGRES_LANE_CLAIM
         )))
         .execute(&mut conn)

@@ -178,6 +178,8 @@ pub(crate) struct Extended {
 #[derive(Debug, Default)]
 pub(crate) struct Expired {
     pub moved: u64,
+    /// More leases may have run out than this sweep took.
+    pub more: bool,
     /// The parents whose last child this failed (attempts exhausted).
     pub completed: Vec<ParentId>,
 }

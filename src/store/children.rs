@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::rows;
-use super::statement::{Sql, Statement};
+use super::statement::{Dialect, Sql, Statement};
 use super::{Store, StoreError, StoreResult, sql};
 use crate::ledger::budget::{ByteBudget, json_len};
 use crate::ledger::{Child, ChildState, ParentId, QueueName, QueueScope};
@@ -61,38 +61,95 @@ static CHILDREN: Sql = Sql::new(|_| {
     )
 });
 
-/// The children search, newest change first. The state is written into the
-/// statement (it is one of six words), so that Postgres, which plans
-/// statements once per connection, can use the index of failed and held
-/// children; one text per state, built once.
-fn search(d: &super::statement::Dialect, state: Option<ChildState>) -> String {
-    let state = match state {
-        Some(state) => format!("c.state = '{}'", state.as_str()),
-        None => "true".to_owned(),
+/// The children search, newest change first: the statement for one state (or
+/// every state, `None`) and the first page or the next ones (`after`). Each
+/// state reads its own index in the search's order, so a page costs the
+/// same however many children are in that state: pending ones
+/// `child_pending_changed`, in-flight ones their claims' leases (newest claim
+/// first), the others `child_attention`. Every state at once (a parent's
+/// children, `parent_id` given) merges one such read per state. The state is
+/// written into the statement (one of six words) so that Postgres, which
+/// plans a statement once per connection, knows the index.
+fn search(d: &Dialect, state: Option<ChildState>, after: bool) -> String {
+    let within = (d.within)("$3");
+    let branch = |state: ChildState| -> String {
+        // In-flight children changed when their claim leased them: the
+        // lease's time, in the lease's index.
+        let (from, changed) = match state {
+            ChildState::InFlight => (
+                format!(
+                    "claim_lease l {join} JOIN parent p ON p.parent_id = c.parent_id",
+                    join = (d.leased_children)("l")
+                ),
+                "l.claimed_at",
+            ),
+            _ => (
+                "child c JOIN parent p ON p.parent_id = c.parent_id".to_owned(),
+                "c.changed_at",
+            ),
+        };
+        let cursor = if after {
+            format!("AND ({changed}, c.parent_id, c.sequence) < ($4, $5, $6)")
+        } else {
+            // Bound but not needed on the first page.
+            "AND ($4 IS NULL OR $5 IS NULL OR $6 IS NULL OR true)".to_owned()
+        };
+        format!(
+            "SELECT * FROM (SELECT {columns} FROM {from} \
+             WHERE c.state = '{state}' AND ($1 IS NULL OR c.parent_id = $1) AND ($2 IS NULL OR p.queue = $2) \
+               AND {within} {cursor} \
+             ORDER BY {changed} DESC, c.parent_id DESC, c.sequence DESC LIMIT $7) s",
+            columns = sql::CHILD_COLUMNS,
+            state = state.as_str()
+        )
     };
-    format!(
-        "SELECT {columns} FROM child c JOIN parent p ON p.parent_id = c.parent_id \
-         WHERE {state} AND ($1 IS NULL OR c.parent_id = $1) AND ($2 IS NULL OR p.queue = $2) \
-           AND {within} \
-           AND ($4 IS NULL OR (c.changed_at, c.parent_id, c.sequence) < ($4, $5, $6)) \
-         ORDER BY c.changed_at DESC, c.parent_id DESC, c.sequence DESC LIMIT $7",
-        columns = sql::CHILD_COLUMNS,
-        within = (d.within)("$3")
-    )
+    match state {
+        Some(state) => branch(state),
+        None => format!(
+            "SELECT * FROM ({}) u ORDER BY changed_at DESC, parent_id DESC, sequence DESC LIMIT $7",
+            ChildState::ALL
+                .into_iter()
+                .map(branch)
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ")
+        ),
+    }
 }
 
-static SEARCH: [Sql; 7] = [
-    Sql::new(|d| search(d, None)),
-    Sql::new(|d| search(d, Some(ChildState::Pending))),
-    Sql::new(|d| search(d, Some(ChildState::InFlight))),
-    Sql::new(|d| search(d, Some(ChildState::Held))),
-    Sql::new(|d| search(d, Some(ChildState::Processed))),
-    Sql::new(|d| search(d, Some(ChildState::Failed))),
-    Sql::new(|d| search(d, Some(ChildState::Skipped))),
+/// `search` for each state (`None` first) and page.
+static SEARCH: [[Sql; 2]; 7] = [
+    [
+        Sql::new(|d| search(d, None, false)),
+        Sql::new(|d| search(d, None, true)),
+    ],
+    [
+        Sql::new(|d| search(d, Some(ChildState::Pending), false)),
+        Sql::new(|d| search(d, Some(ChildState::Pending), true)),
+    ],
+    [
+        Sql::new(|d| search(d, Some(ChildState::InFlight), false)),
+        Sql::new(|d| search(d, Some(ChildState::InFlight), true)),
+    ],
+    [
+        Sql::new(|d| search(d, Some(ChildState::Held), false)),
+        Sql::new(|d| search(d, Some(ChildState::Held), true)),
+    ],
+    [
+        Sql::new(|d| search(d, Some(ChildState::Processed), false)),
+        Sql::new(|d| search(d, Some(ChildState::Processed), true)),
+    ],
+    [
+        Sql::new(|d| search(d, Some(ChildState::Failed), false)),
+        Sql::new(|d| search(d, Some(ChildState::Failed), true)),
+    ],
+    [
+        Sql::new(|d| search(d, Some(ChildState::Skipped), false)),
+        Sql::new(|d| search(d, Some(ChildState::Skipped), true)),
+    ],
 ];
 
-fn search_sql(state: Option<ChildState>) -> &'static Sql {
-    &SEARCH[match state {
+fn search_sql(state: Option<ChildState>, after: bool) -> &'static Sql {
+    let row = match state {
         None => 0,
         Some(ChildState::Pending) => 1,
         Some(ChildState::InFlight) => 2,
@@ -100,7 +157,8 @@ fn search_sql(state: Option<ChildState>) -> &'static Sql {
         Some(ChildState::Processed) => 4,
         Some(ChildState::Failed) => 5,
         Some(ChildState::Skipped) => 6,
-    }]
+    };
+    &SEARCH[row][usize::from(after)]
 }
 
 impl Store {
@@ -185,7 +243,7 @@ impl Store {
             };
             let rows = self
                 .scan(
-                    Statement::new(self.sql(search_sql(filter.state)))
+                    Statement::new(self.sql(search_sql(filter.state, filter.after.is_some())))
                         .text(filter.parent_id.as_ref().map(ParentId::as_str))
                         .text(filter.queue.as_ref().map(QueueName::as_str))
                         .text(scope.as_deref())

@@ -26,8 +26,9 @@ use super::{ChildRef, Store, StoreError, StoreResult};
 use crate::ledger::budget::ByteBudget;
 use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName, Work};
 
-/// How many expired leases one sweep statement moves at most.
-const EXPIRE_BATCH: i64 = 5_000;
+/// How many expired leases (each of one claim and parent) one round of the
+/// sweep takes at most.
+const EXPIRE_BATCH: i64 = 64;
 
 /// How many lanes one queue claim visits at most: a claim of 1,000 over
 /// parents of one child each is filled from the first 64 and comes back short.
@@ -50,9 +51,9 @@ pub(super) static QUEUE_LANES: Sql = Sql::new(|d| {
 /// A decomposed parent's largest payload (its lane's `child_bytes`).
 const LANE_CHILD_BYTES: &str = "SELECT child_bytes FROM lane WHERE parent_id = $1";
 
-/// The queues of the parents whose children claim `$1` holds.
-const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM child c JOIN parent p ON p.parent_id = c.parent_id \
-    WHERE c.claim_id = $1 AND c.state = 'in_flight'";
+/// The queues of the parents whose children claim `$1` leased.
+const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM claim_lease l JOIN parent p ON p.parent_id = l.parent_id \
+    WHERE l.claim_id = $1";
 
 /// A claim, and the queue its children came from (`None` when it is empty).
 #[derive(Debug, Clone)]
@@ -353,7 +354,7 @@ impl Store {
             let expired = self.db.expire_leases(scope, EXPIRE_BATCH).await?;
             self.completed(&expired.completed);
             moved += expired.moved;
-            if expired.moved < EXPIRE_BATCH as u64 {
+            if !expired.more {
                 if moved > 0 {
                     self.signals.expired_total.fetch_add(moved, Ordering::Relaxed);
                 }

@@ -28,8 +28,8 @@ impl Store {
 
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
 /// `reports::QueueRow`): parents by state and their projections summed, their
-/// minute buckets, and the oldest pending child of each open lane, which its
-/// first entry in `child_pending_since` gives; and a row of zeros for a
+/// minute buckets, and the oldest pending child of its open lanes, the first
+/// of them in `child_pending_changed`; and a row of zeros for a
 /// paused queue without parents (none yet, or all deleted).
 static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
     format!(
@@ -49,9 +49,9 @@ static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
                  AS processed_before, \
              CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_failed \
                            WHEN p.minute = {minute} - 1 THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_before, \
-             min(CASE WHEN l.floor IS NOT NULL OR l.ready_at IS NOT NULL THEN ( \
-                 SELECT c.changed_at FROM child c WHERE c.parent_id = l.parent_id AND c.state = 'pending' \
-                 ORDER BY c.changed_at LIMIT 1) END) AS oldest_pending_since, \
+             (SELECT c.changed_at FROM child c JOIN lane ql ON ql.parent_id = c.parent_id \
+              WHERE c.state = 'pending' AND ql.queue = p.queue AND (ql.floor IS NOT NULL OR ql.ready_at IS NOT NULL) \
+              ORDER BY c.changed_at LIMIT 1) AS oldest_pending_since, \
              {epoch} AS epoch, \
              EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \

@@ -21,8 +21,9 @@ static STORED_PROJECTION: Sql = Sql::new(|d| {
     )
 });
 
-/// A lane's part of its parent's open counts, locked after the parent, as
-/// every statement that locks both does.
+/// A lane's part of its parent's open counts, locked before the parent: the
+/// order of every statement that locks both (a lane, then its children, then
+/// its parent).
 static LANE_OPEN: Sql = Sql::new(|d| {
     format!(
         "SELECT claimed - unclaimed AS in_flight, held_in - held_out AS held FROM lane WHERE parent_id = $1{}",
@@ -30,10 +31,10 @@ static LANE_OPEN: Sql = Sql::new(|d| {
     )
 });
 
-/// A parent's in-flight and held children, counted, each through its partial index.
-const OPEN_TALLY: &str = "SELECT \
-    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'in_flight') AS in_flight, \
-    (SELECT count(*) FROM child WHERE parent_id = $1 AND state = 'held') AS held";
+/// A parent's in-flight and held children, counted over its rows (no index
+/// keeps in-flight children: the claim's lease rows do).
+const OPEN_TALLY: &str = "SELECT count(*) FILTER (WHERE state = 'in_flight') AS in_flight, \
+    count(*) FILTER (WHERE state = 'held') AS held FROM child WHERE parent_id = $1";
 
 /// Writes the derived projection over the stored one, with `completed_at`
 /// kept, set or cleared.
@@ -184,20 +185,20 @@ impl Store {
     }
 }
 
-/// The stored projection under the parent's and then the lane's lock, `None`
+/// The stored projection under the lane's and then the parent's lock, `None`
 /// when the parent is missing; the flag says it is decomposed.
 async fn lock_projection(
     tx: &mut dyn Transaction,
     parent_id: &ParentId,
 ) -> StoreResult<Option<(StoredProjection, bool)>> {
     let d = tx.dialect();
+    let lane = tx
+        .fetch(Statement::new(LANE_OPEN.of(d)).text(parent_id.as_str()))
+        .await?;
     let rows = tx
         .fetch(Statement::new(STORED_PROJECTION.of(d)).text(parent_id.as_str()))
         .await?;
     let Some(row) = rows.first() else { return Ok(None) };
-    let lane = tx
-        .fetch(Statement::new(LANE_OPEN.of(d)).text(parent_id.as_str()))
-        .await?;
     let (lane_in_flight, lane_held) = match lane.first() {
         Some(lane) => (lane.int("in_flight")?, lane.int("held")?),
         None => (0, 0),

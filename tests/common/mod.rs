@@ -533,6 +533,11 @@ impl TestApp {
              WHERE claim_id = '{claim_id}' AND state = 'in_flight'"
         ))
         .await;
+        // The claim's lease rows, which the expiry sweep follows.
+        self.exec(&format!(
+            "UPDATE claim_lease SET expires_at = '2000-01-01T00:00:00.000Z' WHERE claim_id = '{claim_id}'"
+        ))
+        .await;
     }
 
     /// Runs a scalar count query (`SELECT count(*) ...`) against the test's database.

@@ -40,6 +40,12 @@ static POSTGRES: Dialect = Dialect {
     json: |p| format!("{p}::json"),
     json_push: |column, p| format!("{column} || jsonb_build_array({p}::jsonb)"),
     json_length: |column| format!("jsonb_array_length({column})"),
+    leased_children: |l| {
+        format!(
+            "JOIN child c ON c.parent_id = {l}.parent_id AND c.sequence = ANY ({l}.sequences) \
+             AND c.claim_id = {l}.claim_id"
+        )
+    },
     within: sql::within_postgres,
 };
 

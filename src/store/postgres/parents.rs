@@ -29,6 +29,8 @@ fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
 
 #[async_trait]
 impl ChildWrites for PgTx {
+    // A cancel locks the parent's lane before its children, as every
+    // statement that moves open children does (see `claims::lane_claim`).
     /// While a parent decomposes its rows are untouched, so key, payload and
     /// skip reason are the whole content.
     async fn differing_sequences(&mut self, parent_id: &ParentId, chunk: &[NewChild]) -> StoreResult<Vec<i64>> {
@@ -89,10 +91,12 @@ impl ChildWrites for PgTx {
 
     async fn skip_open_children(&mut self, parent_id: &ParentId, reason: &str) -> StoreResult<Settled> {
         let (children, from_in_flight, from_held) = sqlx::query_as(
-            "WITH cancelled AS ( \
+            "WITH turn AS (SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE), \
+         cancelled AS ( \
              UPDATE child c SET state = 'skipped', reason = $2, terminal_at = now(), changed_at = now(), \
                  settled_from = c.state \
              WHERE c.parent_id = $1 AND c.state IN ('pending', 'in_flight', 'held') \
+               AND (SELECT count(*) FROM turn) >= 0 \
              RETURNING c.settled_from) \
          SELECT count(*), count(*) FILTER (WHERE settled_from = 'in_flight'), \
              count(*) FILTER (WHERE settled_from = 'held') FROM cancelled",

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::outcomes::{Counted, bump_parents};
@@ -42,6 +42,22 @@ async fn refresh_lanes<'a>(tx: &mut SqliteTx, parents: impl IntoIterator<Item = 
 }
 
 static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(NOW));
+
+/// Records the lease of claim `?1` on parent `?2`: the children `?3` (a
+/// JSON array), until `?4`, claimed at `?5` (when its children changed);
+/// a second claim of the same claim id on the lane (a top-up) adds its
+/// children.
+const LEASE: &str = "INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
+             sequences = (SELECT json_group_array(value) FROM ( \
+                 SELECT value FROM json_each(claim_lease.sequences) \
+                 UNION ALL SELECT value FROM json_each(excluded.sequences))), \
+             expires_at = max(claim_lease.expires_at, excluded.expires_at)";
+
+/// The children claim `?1` leased, as `(parent_id, sequence)` rows (some
+/// may have been released or recorded since: statements that use it check).
+const LEASED: &str = "SELECT l.parent_id, s.value FROM claim_lease l, json_each(l.sequences) s WHERE l.claim_id = ?1";
 
 /// Counts leases that ended without an outcome (`unclaimed`) and, of those,
 /// the ones kept held (`held_in`), per lane: JSON `[[parent_id, ended, held], …]` in `?1`.
@@ -81,7 +97,7 @@ fn lane_claim(due: bool) -> String {
                  SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
                    AND available_at IS NULL AND sequence >= ?6 ORDER BY sequence LIMIT ?2) \
              {due} ORDER BY sequence LIMIT ?2) \
-         RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, \
+         RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, changed_at, \
              (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
         lease = now_by("?5"),
         now = NOW
@@ -107,12 +123,24 @@ impl Claims for SqliteStore {
         static EXTEND: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "UPDATE child SET lease_expires_at = {lease} \
-                 WHERE claim_id = ?1 AND state = 'in_flight' AND lease_expires_at > {NOW} \
+                 WHERE (parent_id, sequence) IN ({LEASED}) \
+                   AND claim_id = ?1 AND state = 'in_flight' AND lease_expires_at > {NOW} \
                  RETURNING lease_expires_at",
                 lease = now_by("?2")
             )
         });
+        static RENEW: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE claim_lease SET expires_at = {lease} WHERE claim_id = ?1 AND expires_at > {NOW}",
+                lease = now_by("?2")
+            )
+        });
         let mut tx = self.held_tx().await?;
+        sqlx::query(RENEW.as_str())
+            .bind(claim_id.to_string())
+            .bind(format!("+{lease_seconds} seconds"))
+            .execute(&mut *tx)
+            .await?;
         let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(EXTEND.as_str())
             .bind(claim_id.to_string())
             .bind(format!("+{lease_seconds} seconds"))
@@ -131,7 +159,9 @@ impl Claims for SqliteStore {
                 "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
                      changed_at = {NOW}, available_at = CASE WHEN ?3 > 0 THEN {later} END \
                  WHERE claim_id = ?1 AND state = 'in_flight' \
-                   AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4))) \
+                   AND (parent_id, sequence) IN ( \
+                       SELECT value ->> 0, value ->> 1 FROM json_each(?4) WHERE NOT ?2 \
+                       UNION ALL {LEASED} AND ?2) \
                  RETURNING parent_id",
                 later = now_by("'+' || ?3 || ' seconds'")
             )
@@ -188,8 +218,9 @@ impl Claims for SqliteStore {
         Ok(retried == 1)
     }
 
-    /// Moves up to `batch` children whose lease ran out, in `scope` or
-    /// everywhere. Returns how many, and the parents whose last child this failed.
+    /// Moves the children of up to `batch` leases that ran out, in `scope` or
+    /// everywhere, and drops those leases. Returns how many moved, and the
+    /// parents whose last child this failed.
     async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<Expired> {
         let (scope_filter, scope_key) = match scope {
             None => ("", None),
@@ -200,6 +231,27 @@ impl Claims for SqliteStore {
             ),
         };
         let mut tx = self.held_tx().await?;
+        let due: Vec<(String, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "DELETE FROM claim_lease WHERE (claim_id, parent_id) IN ( \
+                 SELECT claim_id, parent_id FROM claim_lease WHERE expires_at <= {NOW} {scope_filter} \
+                 ORDER BY expires_at LIMIT ?1) \
+             RETURNING claim_id, parent_id, sequences"
+        )))
+        .bind(batch)
+        .bind(scope_key)
+        .fetch_all(&mut *tx)
+        .await?;
+        let more = due.len() as i64 >= batch;
+        let leases: Vec<(&str, &str, serde_json::Value)> = due
+            .iter()
+            .map(|(claim, parent, sequences)| {
+                (
+                    claim.as_str(),
+                    parent.as_str(),
+                    serde_json::from_str(sequences).unwrap_or_default(),
+                )
+            })
+            .collect();
         let moved: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
             "UPDATE child AS c SET \
                  state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
@@ -210,15 +262,14 @@ impl Claims for SqliteStore {
                                     THEN {now} ELSE c.terminal_at END, \
                  previous_attempt = 'expired', changed_at = {now} \
              FROM parent p \
-             WHERE p.parent_id = c.parent_id AND (c.parent_id, c.sequence) IN ( \
-                 SELECT parent_id, sequence FROM child \
-                 WHERE state = 'in_flight' AND lease_expires_at <= {now} {scope_filter} \
-                 ORDER BY lease_expires_at LIMIT ?1) \
+             WHERE p.parent_id = c.parent_id AND c.state = 'in_flight' AND c.lease_expires_at <= {now} \
+               AND (c.claim_id, c.parent_id, c.sequence) IN ( \
+                   SELECT l.value ->> 0, l.value ->> 1, s.value \
+                   FROM json_each(?1) l, json_each(l.value -> 2) s) \
              RETURNING parent_id, state",
             now = NOW
         )))
-        .bind(batch)
-        .bind(scope_key)
+        .bind(serde_json::to_string(&leases).unwrap_or_else(|_| "[]".to_owned()))
         .fetch_all(&mut *tx)
         .await?;
         let mut failures: BTreeMap<&str, Counted> = BTreeMap::new();
@@ -243,6 +294,7 @@ impl Claims for SqliteStore {
         Ok(Expired {
             moved: moved.len() as u64,
             completed,
+            more,
         })
     }
 }
@@ -297,6 +349,24 @@ impl SqliteStore {
                 .bind(parent_id.as_str())
                 .bind(served)
                 .bind(rows.len() as i64)
+                .execute(&mut *tx)
+                .await?;
+            let sequences: Vec<i64> = rows
+                .iter()
+                .map(|row| row.try_get::<i64, _>("sequence"))
+                .collect::<Result<_, _>>()?;
+            let expires: Option<String> = rows
+                .iter()
+                .map(|row| row.try_get::<String, _>("lease_expires_at"))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .max();
+            sqlx::query(LEASE)
+                .bind(ask.claim_id.to_string())
+                .bind(parent_id.as_str())
+                .bind(serde_json::to_string(&sequences).unwrap_or_else(|_| "[]".to_owned()))
+                .bind(expires)
+                .bind(rows[0].try_get::<String, _>("changed_at")?)
                 .execute(&mut *tx)
                 .await?;
         }

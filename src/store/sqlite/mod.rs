@@ -53,6 +53,12 @@ static SQLITE: Dialect = Dialect {
     json: |p| p.to_owned(),
     json_push: |column, p| format!("json_insert({column}, '$[#]', json({p}))"),
     json_length: |column| format!("json_array_length({column})"),
+    leased_children: |l| {
+        format!(
+            "JOIN json_each({l}.sequences) ls JOIN child c ON c.parent_id = {l}.parent_id \
+             AND c.sequence = ls.value AND c.claim_id = {l}.claim_id"
+        )
+    },
     within: sql::within_sqlite,
 };
 
