@@ -47,12 +47,14 @@ async fn ledger_state(app: &TestApp) -> String {
         "SELECT count(*) FROM parent WHERE decomposed_at IS NOT NULL",
         "SELECT count(*) FROM parent WHERE completed_at IS NOT NULL",
         "SELECT count(*) FROM child",
-        "SELECT count(*) FROM child WHERE state = 'pending'",
-        "SELECT count(*) FROM child WHERE state = 'in_flight'",
-        "SELECT count(*) FROM child WHERE state = 'held'",
-        "SELECT CAST(coalesce(sum(attempts), 0) AS BIGINT) FROM child",
+        "SELECT count(*) FROM child_status WHERE state = 'pending'",
+        "SELECT count(*) FROM child_status WHERE state = 'in_flight'",
+        "SELECT count(*) FROM child_status WHERE state = 'held'",
+        "SELECT CAST(coalesce(sum(attempts), 0) AS BIGINT) FROM child_status",
         "SELECT count(*) FROM child WHERE conflicts IS NOT NULL",
-        "SELECT count(*) FROM child WHERE lease_expires_at IS NOT NULL",
+        "SELECT count(*) FROM child_status WHERE lease_expires_at IS NOT NULL",
+        "SELECT count(*) FROM claim_lease",
+        "SELECT CAST(coalesce(sum(open), 0) AS BIGINT) FROM claim_lease",
         "SELECT CAST(coalesce(sum(served), 0) AS BIGINT) FROM lane",
         "SELECT count(*) FROM queue_pause",
         "SELECT count(*) FROM reconcile_job",
@@ -402,7 +404,7 @@ async fn tokens_reach_only_their_queues(backend: Backend) {
     assert_ne!(after, leases_before, "A1's outcome was written");
     let lease = app
         .count(&format!(
-            "SELECT count(*) FROM child WHERE parent_id = 'B' AND state = 'in_flight' AND claim_id = '{b_claim}'"
+            "SELECT count(*) FROM child_status WHERE parent_id = 'B' AND state = 'in_flight' AND claim_id = '{b_claim}'"
         ))
         .await;
     assert_eq!(lease, 2, "the out-of-reach claim still holds its children");
@@ -1067,7 +1069,7 @@ async fn a_long_poll_never_claims_another_queues_parent(backend: Backend) {
         "the parent it waited on is gone from its queues: {body}"
     );
     assert_eq!(
-        app.count("SELECT count(*) FROM child WHERE parent_id = 'PX' AND state = 'pending'")
+        app.count("SELECT count(*) FROM child_status WHERE parent_id = 'PX' AND state = 'pending'")
             .await,
         1,
         "queue b's child is still there to claim"

@@ -729,7 +729,7 @@ async fn state_counts(store: &common::raw::RawDb) -> String {
     let mut out = String::new();
     for state in ["pending", "in_flight", "held", "processed", "failed", "skipped"] {
         let n = store
-            .count_raw(&format!("SELECT count(*) FROM child WHERE state = '{state}'"))
+            .count_raw(&format!("SELECT count(*) FROM child_status WHERE state = '{state}'"))
             .await
             .unwrap_or(-1);
         let _ = write!(out, "{state} {n}, ");

@@ -199,7 +199,8 @@ async fn example_workers_share_a_queue(backend: Backend) {
         first.push(summary(example.lang, child).await);
     }
     assert_eq!(
-        app.count("SELECT count(*) FROM child WHERE state = 'in_flight'").await,
+        app.count("SELECT count(*) FROM child_status WHERE state = 'in_flight'")
+            .await,
         0,
         "SIGTERM left children leased: {first:?}"
     );

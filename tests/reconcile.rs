@@ -256,7 +256,7 @@ async fn open_counts_follow_every_transition(backend: Backend) {
             for state in ["pending", "in_flight", "held"] {
                 let rows = app
                     .count(&format!(
-                        "SELECT count(*) FROM child WHERE parent_id = '{parent}' AND state = '{state}'"
+                        "SELECT count(*) FROM child_status WHERE parent_id = '{parent}' AND state = '{state}'"
                     ))
                     .await;
                 assert_eq!(counts[state], rows, "{parent} after {step}: {state} of {counts}");

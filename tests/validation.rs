@@ -709,7 +709,7 @@ async fn rejects_bad_requests(backend: Backend) {
         )
         .await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
-    let ledger = "SELECT count(*) FROM child WHERE state = 'pending' AND attempts = 0 AND terminal_at IS NULL";
+    let ledger = "SELECT count(*) FROM child_status WHERE state = 'pending' AND attempts = 0 AND terminal_at IS NULL";
     assert_eq!(app.count("SELECT count(*) FROM parent").await, 2);
     assert_eq!(app.count(ledger).await, 3);
 
@@ -728,7 +728,7 @@ async fn rejects_bad_requests(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM child").await, 3);
     assert_eq!(app.count(ledger).await, 3);
     assert_eq!(
-        app.count("SELECT count(*) FROM child WHERE claim_id IS NOT NULL OR conflicts IS NOT NULL")
+        app.count("SELECT count(*) FROM child_status WHERE claim_id IS NOT NULL OR conflicts IS NOT NULL")
             .await,
         0
     );

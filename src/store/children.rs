@@ -43,21 +43,26 @@ pub struct ChildPage {
 }
 
 /// One child, by its primary key.
-static CHILD_BY_KEY: Sql = Sql::new(|_| {
+static CHILD_BY_KEY: Sql = Sql::new(|d| {
     format!(
-        "SELECT {} FROM child c WHERE c.parent_id = $1 AND c.sequence = $2",
-        sql::CHILD_COLUMNS
+        "SELECT {} FROM {} WHERE c.parent_id = $1 AND c.sequence = $2",
+        sql::CHILD_COLUMNS,
+        sql::child_view(d)
     )
 });
 
 /// Up to `$4` children of parent `$1` after sequence `$3`, in sequence order,
-/// optionally in state `$2`.
-static CHILDREN: Sql = Sql::new(|_| {
+/// optionally in state `$2` (as readers see it: an in-flight child's row
+/// says `pending`).
+static CHILDREN: Sql = Sql::new(|d| {
     format!(
-        "SELECT {} FROM child c \
-         WHERE c.parent_id = $1 AND ($2 IS NULL OR c.state = $2) AND ($3 IS NULL OR c.sequence > $3) \
+        "SELECT {} FROM {} \
+         WHERE c.parent_id = $1 \
+           AND ($2 IS NULL OR (CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END) = $2) \
+           AND ($3 IS NULL OR c.sequence > $3) \
          ORDER BY c.sequence LIMIT $4",
-        sql::CHILD_COLUMNS
+        sql::CHILD_COLUMNS,
+        sql::child_view(d)
     )
 });
 
@@ -65,8 +70,9 @@ static CHILDREN: Sql = Sql::new(|_| {
 /// every state, `None`) and the first page or the next ones (`after`). Each
 /// state reads its own index in the search's order, so a page costs the
 /// same however many children are in that state: pending ones
-/// `child_pending_changed`, in-flight ones their claims' leases (newest claim
-/// first), the others `child_attention`. Every state at once (a parent's
+/// `child_pending_changed` (passing by those a lease holds, whose rows say
+/// pending too), in-flight ones their claims' leases (newest claim first),
+/// the others `child_attention`. Every state at once (a parent's
 /// children, `parent_id` given) merges one such read per state. The state is
 /// written into the statement (one of six words) so that Postgres, which
 /// plans a statement once per connection, knows the index.
@@ -75,17 +81,24 @@ fn search(d: &Dialect, state: Option<ChildState>, after: bool) -> String {
     let branch = |state: ChildState| -> String {
         // In-flight children changed when their claim leased them: the
         // lease's time, in the lease's index.
-        let (from, changed) = match state {
+        let (from, changed, in_state) = match state {
             ChildState::InFlight => (
                 format!(
-                    "claim_lease l {join} JOIN parent p ON p.parent_id = c.parent_id",
-                    join = (d.leased_children)("l")
+                    "claim_lease h {join} JOIN parent p ON p.parent_id = c.parent_id",
+                    join = (d.leased_children)("h")
                 ),
-                "l.claimed_at",
+                "h.claimed_at",
+                "true".to_owned(),
+            ),
+            ChildState::Pending => (
+                format!("{} JOIN parent p ON p.parent_id = c.parent_id", sql::child_view(d)),
+                "c.changed_at",
+                "c.state = 'pending' AND h.claim_id IS NULL".to_owned(),
             ),
             _ => (
-                "child c JOIN parent p ON p.parent_id = c.parent_id".to_owned(),
+                format!("{} JOIN parent p ON p.parent_id = c.parent_id", sql::child_view(d)),
                 "c.changed_at",
+                format!("c.state = '{}'", state.as_str()),
             ),
         };
         let cursor = if after {
@@ -96,11 +109,10 @@ fn search(d: &Dialect, state: Option<ChildState>, after: bool) -> String {
         };
         format!(
             "SELECT * FROM (SELECT {columns} FROM {from} \
-             WHERE c.state = '{state}' AND ($1 IS NULL OR c.parent_id = $1) AND ($2 IS NULL OR p.queue = $2) \
+             WHERE {in_state} AND ($1 IS NULL OR c.parent_id = $1) AND ($2 IS NULL OR p.queue = $2) \
                AND {within} {cursor} \
              ORDER BY {changed} DESC, c.parent_id DESC, c.sequence DESC LIMIT $7) s",
             columns = sql::CHILD_COLUMNS,
-            state = state.as_str()
         )
     };
     match state {

@@ -32,7 +32,13 @@ const DELETE_CHILDREN: &str = "DELETE FROM child WHERE parent_id = $1 AND sequen
     SELECT sequence FROM child WHERE parent_id = $1 ORDER BY sequence LIMIT $2)";
 
 /// What goes with a complete parent whose children are gone, before its row
-/// (`DELETE_PARENT`): its lane.
+/// (`DELETE_PARENT`): any lease row left on it (a lease row goes when its
+/// last child is recorded, so normally there is none), then its lane.
+const DELETE_LEASES: &str = "DELETE FROM claim_lease WHERE parent_id = $1 \
+    AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
+    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
+
+/// The lane of a complete parent whose children are gone (see `DELETE_LEASES`).
 const DELETE_LANE: &str = "DELETE FROM lane WHERE parent_id = $1 \
     AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
     AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
@@ -110,6 +116,8 @@ impl Store {
             tokio::time::sleep(started.elapsed() * pace).await;
         }
         let mut tx = self.db.begin().await?;
+        tx.execute(Statement::new(DELETE_LEASES).text(parent_id.as_str()))
+            .await?;
         tx.execute(Statement::new(DELETE_LANE).text(parent_id.as_str())).await?;
         let deleted = tx
             .execute(Statement::new(DELETE_PARENT).text(parent_id.as_str()))

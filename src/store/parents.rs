@@ -70,9 +70,8 @@ fn list_parents(d: &Dialect, after: &str, order: &str) -> String {
                 OR ($2 = 'active' AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL) \
                 OR ($2 = 'complete' AND p.completed_at IS NOT NULL)) \
            AND ($3 IS NULL OR p.position {after} $3) \
-           AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL AND EXISTS ( \
-                SELECT 1 FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
-                  AND (c.available_at IS NULL OR c.available_at <= {now})))) \
+           AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL \
+                AND (l.floor IS NOT NULL OR l.ready_at <= {now}))) \
            AND {within} \
            AND ($7 IS NULL \
                 OR ($7 = 'failed' AND p.failed > 0) \

@@ -29,7 +29,7 @@ impl Store {
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
 /// `reports::QueueRow`): parents by state and their projections summed, their
 /// minute buckets, and the oldest pending child of its open lanes, the first
-/// of them in `child_pending_changed`; and a row of zeros for a
+/// of them in `child_pending_changed` that no lease holds; and a row of zeros for a
 /// paused queue without parents (none yet, or all deleted).
 static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
     format!(
@@ -51,6 +51,7 @@ static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
                            WHEN p.minute = {minute} - 1 THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_before, \
              (SELECT c.changed_at FROM child c JOIN lane ql ON ql.parent_id = c.parent_id \
               WHERE c.state = 'pending' AND ql.queue = p.queue AND (ql.floor IS NOT NULL OR ql.ready_at IS NOT NULL) \
+                AND NOT {leased} \
               ORDER BY c.changed_at LIMIT 1) AS oldest_pending_since, \
              {epoch} AS epoch, \
              EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
@@ -64,6 +65,7 @@ static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
          ORDER BY queue",
         minute = d.minute,
         epoch = d.epoch,
-        within = (d.within)("$2")
+        within = (d.within)("$2"),
+        leased = super::sql::leased("ql.floor", "true")
     )
 });

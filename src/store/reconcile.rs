@@ -1,6 +1,8 @@
 //! Reconcile: compare a parent's stored projection with its rows, show the
 //! difference and repair it. When they disagree, the rows win.
 
+use std::sync::LazyLock;
+
 use super::backend::{DriftQuery, Transaction};
 use super::reconcile_jobs::{JobMark, record_drift};
 use super::statement::{Sql, Statement};
@@ -31,10 +33,16 @@ static LANE_OPEN: Sql = Sql::new(|d| {
     )
 });
 
-/// A parent's in-flight and held children, counted over its rows (no index
-/// keeps in-flight children: the claim's lease rows do).
-const OPEN_TALLY: &str = "SELECT count(*) FILTER (WHERE state = 'in_flight') AS in_flight, \
-    count(*) FILTER (WHERE state = 'held') AS held FROM child WHERE parent_id = $1";
+/// A parent's in-flight and held children, counted over its rows (an
+/// in-flight child's row is pending, below its lane's floor: the lane is
+/// locked, so the floor holds still).
+static OPEN_TALLY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT count(*) FILTER (WHERE {}) AS in_flight, count(*) FILTER (WHERE c.state = 'held') AS held \
+         FROM child c LEFT JOIN lane ln ON ln.parent_id = c.parent_id WHERE c.parent_id = $1",
+        sql::leased("ln.floor", "ln.parent_id IS NOT NULL")
+    )
+});
 
 /// Writes the derived projection over the stored one, with `completed_at`
 /// kept, set or cleared.
@@ -217,7 +225,9 @@ async fn lock_projection(
 
 /// A parent's in-flight and held children, counted.
 async fn open_tally(tx: &mut dyn Transaction, parent_id: &ParentId) -> StoreResult<Open> {
-    let rows = tx.fetch(Statement::new(OPEN_TALLY).text(parent_id.as_str())).await?;
+    let rows = tx
+        .fetch(Statement::new(OPEN_TALLY.as_str()).text(parent_id.as_str()))
+        .await?;
     let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
     Ok(Open {
         in_flight: row.int("in_flight")?,

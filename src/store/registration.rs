@@ -50,7 +50,8 @@ static MARK_DECOMPOSED: Sql = Sql::new(|d| {
 /// start. Its children carry no delay yet, so `floor` is its lowest pending one.
 const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor) \
     SELECT p.parent_id, p.queue, p.priority, p.position, p.child_bytes, \
-        (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending') \
+        (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
+          AND c.available_at IS NULL) \
     FROM parent p WHERE p.parent_id = $1";
 
 /// Adds appended children (`$2`, of which `$3` skipped, the largest payload

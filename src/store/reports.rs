@@ -92,17 +92,15 @@ pub(crate) struct LaneClaim {
 }
 
 impl LaneClaim {
-    /// The rows of a lane claim statement shared by `asks`: each ask's
-    /// children (by their `claim_id` column), and whether the lane was taken
-    /// (a last row with no sequence).
-    pub fn from_rows<R: LedgerRow>(asks: &[LaneAsk], rows: &[R]) -> Result<Vec<Self>, sqlx::Error> {
-        let mut taken = false;
+    /// The rows of a lane claim statement shared by `asks`, on a lane this
+    /// claim took its turn on: each ask's children (by their `claim_id`
+    /// column).
+    pub fn taken_from_rows<'r, R: LedgerRow + 'r>(
+        asks: &[LaneAsk],
+        rows: impl IntoIterator<Item = &'r R>,
+    ) -> Result<Vec<Self>, sqlx::Error> {
         let mut children: Vec<Vec<&R>> = vec![Vec::new(); asks.len()];
         for row in rows {
-            if row.opt_int("sequence")?.is_none() {
-                taken = true;
-                continue;
-            }
             let claim_id = row.uuid("claim_id")?;
             let ask = asks.iter().position(|a| Some(a.claim_id) == claim_id).unwrap_or(0);
             children[ask].push(row);
@@ -112,7 +110,7 @@ impl LaneClaim {
             .map(|rows| {
                 Ok(Self {
                     leased: Leased::from_rows(rows.into_iter().map(claimed_child))?,
-                    taken,
+                    taken: true,
                 })
             })
             .collect()

@@ -4,6 +4,8 @@
 
 use std::sync::LazyLock;
 
+use super::statement::Dialect;
+
 /// `Tally::is_complete` in SQL: a parent completes when it is decomposed and
 /// every child is terminal. `decomposed` is a boolean expression; `terminal`
 /// and `total` are counts.
@@ -20,20 +22,54 @@ pub(crate) fn parent_complete(alias: &str) -> String {
     )
 }
 
-/// `ledger::outcome::attempt_of` in SQL: the attempt a claim id names on child
-/// row `c` (its current claim, or the one before), else NULL.
-pub(crate) fn attempt_of(claim: &str) -> String {
+/// A child's claim as readers see it, as SQL expressions over the row: its
+/// attempts, its claim and the one before. The row counts only the attempts
+/// that ended (`claim_id` made the last one, `previous_claim_id` the one
+/// before); a live lease adds its own (see `child_view`).
+pub(crate) struct ClaimView {
+    pub attempts: String,
+    pub claim_id: String,
+    pub previous_claim_id: String,
+}
+
+impl ClaimView {
+    /// The view of child row `c` that is in flight when `leased` holds, under
+    /// the lease of claim `holder`.
+    pub fn of(leased: &str, holder: &str) -> Self {
+        Self {
+            attempts: format!("(c.attempts + CASE WHEN {leased} THEN 1 ELSE 0 END)"),
+            claim_id: format!("(CASE WHEN {leased} THEN {holder} ELSE c.claim_id END)"),
+            previous_claim_id: format!("(CASE WHEN {leased} THEN c.claim_id ELSE c.previous_claim_id END)"),
+        }
+    }
+}
+
+/// Whether child row `c` is in flight: pending, not given back (no
+/// `available_at`), and below `floor`, its lane's floor (NULL: every child
+/// was taken), on a parent that `has_lane` (migration 0014).
+pub(crate) fn leased(floor: &str, has_lane: &str) -> String {
+    format!("(c.state = 'pending' AND c.available_at IS NULL AND {has_lane} AND coalesce(c.sequence < {floor}, true))")
+}
+
+/// `ledger::outcome::attempt_of` in SQL: the attempt a claim id names on a
+/// child (its current claim, or the one before), else NULL.
+pub(crate) fn attempt_of(claim: &str, v: &ClaimView) -> String {
     format!(
-        "CASE WHEN {claim} = c.claim_id THEN c.attempts \
-              WHEN {claim} = c.previous_claim_id THEN c.attempts - 1 END"
+        "CASE WHEN {claim} = {} THEN {a} WHEN {claim} = {} THEN {a} - 1 END",
+        v.claim_id,
+        v.previous_claim_id,
+        a = v.attempts
     )
 }
 
 /// `ledger::outcome::fence_admits` in SQL: whether a write with claim id
-/// `claim` may record child row `c`'s outcome (no claim id, or the child's
-/// current claim, or the one before). NULL counts as no.
-pub(crate) fn fence_admits(claim: &str) -> String {
-    format!("coalesce({claim} IS NULL OR {claim} = c.claim_id OR {claim} = c.previous_claim_id, false)")
+/// `claim` may record a child's outcome (no claim id, or the child's current
+/// claim, or the one before). NULL counts as no.
+pub(crate) fn fence_admits(claim: &str, v: &ClaimView) -> String {
+    format!(
+        "coalesce({claim} IS NULL OR {claim} = {} OR {claim} = {}, false)",
+        v.claim_id, v.previous_claim_id
+    )
 }
 
 /// `QueueScope::allows` in Postgres: whether parent `p`'s queue is
@@ -59,19 +95,60 @@ pub(crate) fn within_sqlite(param: &str) -> String {
 }
 
 /// `ledger::outcome::credited_attempt` in SQL: the attempt an outcome write
-/// is credited to on child row `c`. A write without a claim id is credited to
-/// the current attempt, if the child was ever claimed.
-pub(crate) fn credited_attempt(claim: &str) -> String {
+/// is credited to. A write without a claim id is credited to the current
+/// attempt, if the child was ever claimed.
+pub(crate) fn credited_attempt(claim: &str, v: &ClaimView) -> String {
     format!(
-        "CASE WHEN {claim} IS NULL THEN NULLIF(c.attempts, 0) ELSE {} END",
-        attempt_of(claim)
+        "CASE WHEN {claim} IS NULL THEN NULLIF({}, 0) ELSE {} END",
+        v.attempts,
+        attempt_of(claim, v)
     )
 }
 
-/// A child row's columns as `Child` reads them.
-pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c.attempts, \
-    c.claim_id, c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.reason, c.result, \
-    c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count";
+/// A child's columns as `Child` reads them, from `CHILD_VIEW`: the row, and
+/// the lease `h` that holds it while it is in flight.
+pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, \
+    CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END AS state, c.payload, \
+    c.attempts + CASE WHEN h.claim_id IS NULL THEN 0 ELSE 1 END AS attempts, \
+    coalesce(h.claim_id, c.claim_id) AS claim_id, \
+    CASE WHEN h.claim_id IS NULL THEN c.claimed_by ELSE h.worker END AS claimed_by, \
+    CASE WHEN h.claim_id IS NULL THEN c.lease_expires_at ELSE h.expires_at END AS lease_expires_at, \
+    c.previous_attempt, c.available_at, c.reason, c.result, c.outcome_attempt, c.terminal_at, \
+    CASE WHEN h.claim_id IS NULL THEN c.changed_at ELSE h.claimed_at END AS changed_at, \
+    c.conflicts, c.conflict_count";
+
+/// The tables `CHILD_COLUMNS` reads, in dialect `d`: `child c`, its lane
+/// `ln`, and its live lease `h` (none unless it is in flight), found by the
+/// lease's range and then its list.
+pub(crate) fn child_view(d: &Dialect) -> String {
+    format!(
+        "child c LEFT JOIN lane ln ON ln.parent_id = c.parent_id \
+         LEFT JOIN claim_lease h ON {leased} AND h.parent_id = c.parent_id \
+             AND h.lo <= c.sequence AND h.hi >= c.sequence AND {holds}",
+        leased = leased("ln.floor", "ln.parent_id IS NOT NULL"),
+        holds = (d.lease_holds)("h", "c.sequence")
+    )
+}
+
+/// The claim of the lease that holds child row `c` (of a parent whose
+/// lease rows are `claim_lease`), in dialect `d`; NULL when none does.
+pub(crate) fn holder(d: &Dialect, column: &str) -> String {
+    format!(
+        "(SELECT l.{column} FROM claim_lease l WHERE l.parent_id = c.parent_id \
+            AND l.lo <= c.sequence AND l.hi >= c.sequence AND {} LIMIT 1)",
+        (d.lease_holds)("l", "c.sequence")
+    )
+}
+
+/// Child row `c`'s claim as readers see it, for a statement that reads one
+/// row of the child table (its lane and lease looked up).
+pub(crate) fn conflict_view(d: &Dialect) -> ClaimView {
+    let leased = leased(
+        "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
+        "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
+    );
+    ClaimView::of(&leased, &holder(d, "claim_id"))
+}
 
 /// A parent's open counts (`open_pending`, `open_in_flight`, `open_held`)
 /// from its counters and its lane's, for `parent p LEFT JOIN lane l`: no count
@@ -108,23 +185,28 @@ pub(crate) fn count_minute(t: &str, minute: &str, processed: &str, failed: &str)
     )
 }
 
-/// Returns a held child to pending; `now` is the dialect's clock.
+/// Returns a held child to pending, given back (claimable now through its
+/// `available_at`, as a released child is); `now` is the dialect's clock.
 pub(crate) fn retry_held(now: &str) -> String {
     format!(
-        "UPDATE child SET state = 'pending', available_at = NULL, changed_at = {now} \
+        "UPDATE child SET state = 'pending', available_at = {now}, changed_at = {now} \
          WHERE parent_id = $1 AND sequence = $2 AND state = 'held'"
     )
 }
 
 /// Why each losing outcome write lost: for each `(parent_id, sequence)` of the
-/// input, whether its parent is decomposed and the child's state (NULL when
-/// missing). `input` is the dialect's table of `(i, parent_id, sequence, claim_id)`.
-pub(crate) fn loser_facts(input: &str) -> String {
+/// input, whether its parent is decomposed, the child's state (NULL when
+/// missing) as readers see it, and whether the write passes the fence.
+/// `input` is the dialect's table of `(i, parent_id, sequence, claim_id)`.
+pub(crate) fn loser_facts(d: &Dialect, input: &str) -> String {
+    let view = ClaimView::of("h.claim_id IS NOT NULL", "h.claim_id");
     format!(
-        "SELECT u.i, p.decomposed_at IS NOT NULL, c.state, {} FROM {input} \
+        "SELECT u.i, p.decomposed_at IS NOT NULL, \
+             CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END, {fence} FROM {input} \
          LEFT JOIN parent p ON p.parent_id = u.parent_id \
-         LEFT JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence",
-        fence_admits("u.claim_id")
+         LEFT JOIN ({from}) ON c.parent_id = u.parent_id AND c.sequence = u.sequence",
+        fence = fence_admits("u.claim_id", &view),
+        from = child_view(d)
     )
 }
 
@@ -155,18 +237,31 @@ mod tests {
         rows
     }
 
-    /// `(attempts, claim_id, previous_claim_id, write_claim)`.
-    type ClaimRow = (i32, Option<Uuid>, Option<Uuid>, Option<Uuid>);
+    /// A stored child row's `(attempts, claim_id, previous_claim_id)` (the
+    /// attempts that ended), the claim whose live lease holds it, if any,
+    /// and a write's claim.
+    type ClaimRow = (i32, Option<Uuid>, Option<Uuid>, Option<Uuid>, Option<Uuid>);
 
     fn claims() -> Vec<ClaimRow> {
-        let (a, b, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let (a, b, live, other) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let mut rows = Vec::new();
         for (attempts, current, previous) in [(0, None, None), (1, Some(a), None), (2, Some(b), Some(a))] {
-            for write in [None, Some(a), Some(b), Some(other)] {
-                rows.push((attempts, current, previous, write));
+            for holder in [None, Some(live)] {
+                for write in [None, Some(a), Some(b), Some(live), Some(other)] {
+                    rows.push((attempts, current, previous, holder, write));
+                }
             }
         }
         rows
+    }
+
+    /// The child as readers see it (`CHILD_COLUMNS`): a live lease is its
+    /// current attempt, and the last ended one becomes the one before.
+    fn view((attempts, claim_id, previous, holder, _): ClaimRow) -> (i32, Option<Uuid>, Option<Uuid>) {
+        match holder {
+            Some(holder) => (attempts + 1, Some(holder), claim_id),
+            None => (attempts, claim_id, previous),
+        }
     }
 
     fn complete_sql(values: &str) -> String {
@@ -194,7 +289,8 @@ mod tests {
     fn expected_attempts() -> Vec<(Option<i32>, Option<i32>, bool)> {
         claims()
             .into_iter()
-            .map(|(attempts, current, previous, write)| {
+            .map(|row| {
+                let ((attempts, current, previous), write) = (view(row), row.4);
                 (
                     rust_attempt_of(attempts, current, previous, write),
                     rust_credited(attempts, current, previous, write),
@@ -205,12 +301,13 @@ mod tests {
     }
 
     fn attempts_sql(values: &str, claim: &str) -> String {
+        let v = ClaimView::of("(c.h IS NOT NULL)", "c.h");
         format!(
-            "WITH c(n, attempts, claim_id, previous_claim_id, w) AS (VALUES {values}) \
+            "WITH c(n, attempts, claim_id, previous_claim_id, h, w) AS (VALUES {values}) \
              SELECT {}, {}, {} FROM c ORDER BY c.n",
-            attempt_of(claim),
-            credited_attempt(claim),
-            fence_admits(claim)
+            attempt_of(claim, &v),
+            credited_attempt(claim, &v),
+            fence_admits(claim, &v)
         )
     }
 
@@ -267,11 +364,12 @@ mod tests {
         let claims_sql = rows
             .into_iter()
             .enumerate()
-            .map(|(n, (attempts, current, previous, write))| {
+            .map(|(n, (attempts, current, previous, holder, write))| {
                 format!(
-                    "({n}, {attempts}, {}, {}, {})",
+                    "({n}, {attempts}, {}, {}, {}, {})",
                     uuid_sql(current, ""),
                     uuid_sql(previous, ""),
+                    uuid_sql(holder, ""),
                     uuid_sql(write, "")
                 )
             })
@@ -313,11 +411,12 @@ mod tests {
         let claims_sql = claims()
             .into_iter()
             .enumerate()
-            .map(|(n, (attempts, current, previous, write))| {
+            .map(|(n, (attempts, current, previous, holder, write))| {
                 format!(
-                    "({n}, {attempts}, {}, {}, {})",
+                    "({n}, {attempts}, {}, {}, {}, {})",
                     uuid_sql(current, "::uuid"),
                     uuid_sql(previous, "::uuid"),
+                    uuid_sql(holder, "::uuid"),
                     uuid_sql(write, "::uuid")
                 )
             })

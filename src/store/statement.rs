@@ -107,9 +107,11 @@ pub(crate) struct Dialect {
     pub json_push: fn(column: &str, param: &str) -> String,
     /// The length of a JSON array column.
     pub json_length: fn(column: &str) -> String,
-    /// The joins from claim lease `alias` to its children still in its claim,
-    /// as `child c`.
+    /// The joins from claim lease `alias` to the children it still holds
+    /// (pending, not given back), as `child c`.
     pub leased_children: fn(alias: &str) -> String,
+    /// Whether claim lease `lease`'s list names child `sequence`.
+    pub lease_holds: fn(lease: &str, sequence: &str) -> String,
     /// `QueueScope::allows` for parent `p`'s queue, the scope bound as
     /// `QueueScope::as_json` text `param` (`sql::within_postgres`, `within_sqlite`).
     pub within: fn(param: &str) -> String,

@@ -528,12 +528,8 @@ impl TestApp {
     /// passed: tests whose point is expiry drive it, instead of sleeping past
     /// a short lease that a slow machine may also outlive elsewhere.
     pub async fn expire_claim(&self, claim_id: &str) {
-        self.exec(&format!(
-            "UPDATE child SET lease_expires_at = '2000-01-01T00:00:00.000Z' \
-             WHERE claim_id = '{claim_id}' AND state = 'in_flight'"
-        ))
-        .await;
-        // The claim's lease rows, which the expiry sweep follows.
+        // The claim's lease rows: what a child's lease is, and what the
+        // expiry sweep follows.
         self.exec(&format!(
             "UPDATE claim_lease SET expires_at = '2000-01-01T00:00:00.000Z' WHERE claim_id = '{claim_id}'"
         ))

@@ -17,88 +17,88 @@ use crate::store::error::retry_transient;
 use crate::store::reports::{LaneClaim, LaneTurn};
 use crate::store::{StoreResult, sql};
 
-/// A claim on one parent's lane: lock the lane row (waiting for the claim of
-/// the same parent ahead of it, or skipping a busy lane with `SKIP LOCKED`),
-/// lease the lowest claimable sequences from its floor up (and delayed
-/// children that are due, earliest due first), record the lease, then move
-/// the floor past what it took and stamp the lane served. Every row it locks
-/// belongs to parent `$1`. The last row (sequence NULL) says the lane was
-/// there and taken.
-///
-/// The lane's lock is the claim's turn: claims of one parent take their
-/// turns on it, so the children are picked without locking them first (no
-/// `FOR UPDATE` of each child, which cost a WAL record per child). What the
-/// statement's snapshot took for pending but another writer has since moved
-/// (an outcome, a cancel) is passed over by the update's own `state`
-/// guard. Every other statement that moves pending children locks the lane
-/// first too (release, expiry, retry, cancel), so no two wait on each other.
-///
-/// Each part has one index that serves it in order (`child_pending` from the
-/// floor, `child_delayed` by due time, the primary key for the update), so
-/// the plan is the same whatever the statistics say, and a cached generic
-/// plan is safe. The update joins the picked rows on both key columns and
-/// names no parent of its own: with a constant `parent_id` the planner, whose
-/// statistics may predate the parent and so expect one row of it, would walk
-/// every child of the parent. Binds: `$1` parent id, `$2` how many in all,
-/// then one array element per child: `$3` claim ids, `$4` workers, `$5` lease
-/// seconds; `$6` the queue the lane must be in (or NULL).
-fn lane_claim(lock: &str) -> String {
+/// Takes a claim's turn on parent `$1`'s lane: locks its row, waiting for
+/// the claim of the same parent ahead of it (or, with `SKIP LOCKED`, passing
+/// a lane another claim holds), if it is in queue `$2` (NULL: any) and that
+/// queue is not paused. Returns its queue, its floor and whether it has
+/// given-back children that are due. Every statement that moves a lane's
+/// children locks the lane first: the statement that follows it in the
+/// transaction sees all they did (a statement's snapshot is taken when it
+/// starts, so the claim is a statement of its own after the lock).
+fn take_lane(lock: &str) -> String {
     format!(
-        "WITH lane AS ( \
-             SELECT queue, floor, ready_at <= now() AS due, (floor IS NOT NULL OR ready_at <= now()) AS open \
-             FROM lane WHERE parent_id = $1 AND ($6::text IS NULL OR lane.queue = $6) \
-               AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue) {lock}), \
-         fresh AS ( \
-             SELECT c.parent_id, c.sequence FROM child c \
-             WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NULL \
-               AND c.sequence >= (SELECT floor FROM lane) \
-             ORDER BY c.sequence LIMIT $2), \
-         due AS ( \
-             SELECT c.parent_id, c.sequence FROM child c \
-             WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() AND (SELECT due FROM lane) \
-             ORDER BY c.available_at LIMIT $2), \
-         picked AS ( \
-             SELECT p.*, row_number() OVER (ORDER BY p.sequence) AS rn \
-             FROM (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2) p), \
-         claimed AS ( \
-             UPDATE child c SET state = 'in_flight', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
-                 claim_id = ($3::uuid[])[picked.rn], claimed_by = ($4::text[])[picked.rn], \
-                 lease_expires_at = now() + make_interval(secs => ($5::float8[])[picked.rn]), \
-                 available_at = NULL, changed_at = now() \
-             FROM picked WHERE c.parent_id = picked.parent_id AND c.sequence = picked.sequence \
-               AND c.state = 'pending' \
-             RETURNING c.parent_id, c.sequence, c.key, c.payload, c.attempts, c.previous_attempt, c.lease_expires_at, \
-                 c.claim_id), \
-         leased AS ( \
-             INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at) \
-             SELECT claim_id, $1, array_agg(sequence ORDER BY sequence), max(lease_expires_at), now() \
-             FROM claimed GROUP BY claim_id \
-             ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
-                 sequences = claim_lease.sequences || excluded.sequences, \
-                 expires_at = greatest(claim_lease.expires_at, excluded.expires_at)), \
-         moved AS ( \
-             UPDATE lane l SET \
-                 floor = (SELECT min(c.sequence) FROM child c \
-                          WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NULL \
-                            AND c.sequence >= (SELECT floor FROM lane) \
-                            AND c.sequence NOT IN (SELECT sequence FROM picked)), \
-                 ready_at = CASE WHEN (SELECT due FROM lane) THEN ( \
-                          SELECT min(c.available_at) FROM child c \
-                          WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NOT NULL \
-                            AND c.sequence NOT IN (SELECT sequence FROM picked)) ELSE l.ready_at END, \
-                 served = CASE WHEN EXISTS (SELECT 1 FROM picked) THEN nextval('lane_served') ELSE l.served END, \
-                 claimed = l.claimed + (SELECT count(*) FROM claimed) \
-             WHERE l.parent_id = $1 AND (SELECT open FROM lane)) \
-         SELECT c.*, (SELECT queue FROM lane) AS queue FROM claimed c \
-         UNION ALL SELECT $1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, queue FROM lane"
+        "SELECT queue, floor, coalesce(ready_at <= now(), false) AS due FROM lane \
+         WHERE parent_id = $1 AND ($2::text IS NULL OR lane.queue = $2) \
+           AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue) {lock}"
     )
 }
 
-/// The lane claim that waits for its turn on the lane (see `lane_claim`).
-pub static LANE_CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE"));
+/// The lane lock that waits for its turn (see `take_lane`).
+static TAKE_LANE: LazyLock<String> = LazyLock::new(|| take_lane("FOR UPDATE"));
 
-/// The lane claim that passes a lane another claim holds (see `lane_claim`).
-pub(super) static LANE_CLAIM_SKIP: LazyLock<String> = LazyLock::new(|| lane_claim("FOR UPDATE SKIP LOCKED"));
+/// The lane lock that passes a lane another claim holds (see `take_lane`).
+static TAKE_LANE_SKIP: LazyLock<String> = LazyLock::new(|| take_lane("FOR UPDATE SKIP LOCKED"));
+
+/// A claim on one parent's lane, its turn taken (`TAKE_LANE`): leases the
+/// lowest claimable sequences from the floor `$6` up (and given-back children
+/// that are due when `$7`, earliest due first), records the lease, then moves
+/// the floor past what it took and stamps the lane served.
+///
+/// A child handed out from the floor up is not written at all (migration
+/// 0014): the lease row names it and the floor passes it, which is what makes
+/// it in flight. Only a given-back child is written, to clear its
+/// `available_at`. The floor read one row past the limit is the next floor.
+///
+/// Each part has one index that serves it in order (the primary key from the
+/// floor, `child_delayed` by due time), so the plan is the same whatever the
+/// statistics say, and a cached generic plan is safe. Rows are looked up on
+/// both key columns. Binds: `$1` parent id, `$2` how many in all, then one
+/// array element per child: `$3` claim ids, `$4` workers, `$5` lease
+/// seconds; `$8` the lane's queue.
+pub static LANE_CLAIM: &str = "WITH fresh AS ( \
+         SELECT c.sequence, false AS returned FROM child c \
+         WHERE c.parent_id = $1 AND c.sequence >= $6 AND c.state = 'pending' AND c.available_at IS NULL \
+         ORDER BY c.sequence LIMIT $2 + 1), \
+     due AS ( \
+         SELECT c.sequence, true AS returned FROM child c \
+         WHERE $7 AND c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() \
+         ORDER BY c.available_at LIMIT $2), \
+     picked AS ( \
+         SELECT p.sequence, p.returned, row_number() OVER (ORDER BY p.sequence) AS rn \
+         FROM (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2) p), \
+     taken AS ( \
+         UPDATE child c SET available_at = NULL FROM picked k \
+         WHERE k.returned AND c.parent_id = $1 AND c.sequence = k.sequence RETURNING c.sequence), \
+     leased AS ( \
+         SELECT c.sequence, c.key, c.payload, c.attempts + 1 AS attempts, c.previous_attempt, \
+             ($3::uuid[])[k.rn] AS claim_id, ($4::text[])[k.rn] AS worker, \
+             now() + make_interval(secs => ($5::float8[])[k.rn]) AS lease_expires_at \
+         FROM picked k JOIN child c ON c.parent_id = $1 AND c.sequence = k.sequence \
+         WHERE (SELECT count(*) FROM taken) >= 0), \
+     lease AS ( \
+         INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi) \
+         SELECT claim_id, $1, array_agg(sequence ORDER BY sequence), max(lease_expires_at), now(), max(worker), \
+             count(*), min(sequence), max(sequence) \
+         FROM leased GROUP BY claim_id \
+         ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
+             sequences = claim_lease.sequences || excluded.sequences, \
+             expires_at = greatest(claim_lease.expires_at, excluded.expires_at), \
+             open = claim_lease.open + excluded.open, \
+             lo = least(claim_lease.lo, excluded.lo), hi = greatest(claim_lease.hi, excluded.hi)), \
+     moved AS ( \
+         UPDATE lane l SET \
+             floor = (SELECT min(f.sequence) FROM fresh f \
+                      WHERE f.sequence NOT IN (SELECT sequence FROM picked WHERE NOT returned)), \
+             ready_at = CASE WHEN $7 THEN ( \
+                      SELECT min(c.available_at) FROM child c \
+                      WHERE c.parent_id = $1 AND c.state = 'pending' AND c.available_at IS NOT NULL \
+                        AND c.sequence NOT IN (SELECT sequence FROM picked WHERE returned)) ELSE l.ready_at END, \
+             served = CASE WHEN EXISTS (SELECT 1 FROM picked) THEN nextval('lane_served') ELSE l.served END, \
+             claimed = l.claimed + (SELECT count(*) FROM leased) \
+         WHERE l.parent_id = $1) \
+     SELECT $1::text AS parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, \
+         $8::text AS queue \
+     FROM leased";
 
 /// The claimable lanes of a queue in serving order (`store::claims::QUEUE_LANES`
 /// as Postgres runs it).
@@ -117,10 +117,46 @@ impl PgStore {
     }
 }
 
+/// Gives parent `$3`'s claim `$4` children back (those of `$1`/`$2` it still
+/// holds): each comes back through `available_at`, now or after `$5`
+/// seconds, with the attempt counted as released; the lease lets go of them
+/// (and goes when nothing is left in it), and the lane counts them and
+/// learns the earliest due. Its lane is locked.
+const RELEASE_IN_PARENT: &str = "WITH lease AS ( \
+         SELECT sequences, worker FROM claim_lease WHERE claim_id = $4 AND parent_id = $3), \
+     released AS ( \
+         UPDATE child c SET \
+             available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) ELSE now() END, \
+             previous_attempt = 'released', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
+             claim_id = $4, claimed_by = (SELECT worker FROM lease), lease_expires_at = NULL, changed_at = now() \
+         FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
+         WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+           AND c.state = 'pending' AND c.available_at IS NULL AND c.sequence = ANY ((SELECT sequences FROM lease)::bigint[]) \
+         RETURNING c.sequence, c.available_at), \
+     kept AS ( \
+         UPDATE claim_lease l SET \
+             sequences = ARRAY(SELECT s FROM unnest(l.sequences) s WHERE s NOT IN (SELECT sequence FROM released)), \
+             open = l.open - (SELECT count(*) FROM released) \
+         WHERE l.claim_id = $4 AND l.parent_id = $3 AND l.open > (SELECT count(*) FROM released)), \
+     closed AS ( \
+         DELETE FROM claim_lease l WHERE l.claim_id = $4 AND l.parent_id = $3 \
+           AND l.open <= (SELECT count(*) FROM released) AND EXISTS (SELECT 1 FROM released)), \
+     lowered AS ( \
+         UPDATE lane SET ready_at = least(ready_at, (SELECT min(available_at) FROM released)), \
+             unclaimed = unclaimed + (SELECT count(*) FROM released) \
+         WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM released)) \
+     SELECT count(*) FROM released";
+
+/// Locks the lanes of the parents whose children claim `$1` leased, in id
+/// order (the order a release takes them in).
+const TAKE_CLAIM_LANES: &str = "SELECT parent_id FROM lane \
+    WHERE parent_id IN (SELECT parent_id FROM claim_lease WHERE claim_id = $1) ORDER BY parent_id FOR UPDATE";
+
 #[async_trait]
 impl Claims for PgStore {
-    /// Leases children of one parent for each ask, in one statement (see
-    /// `lane_claim`): the lowest sequences to the first ask, and so on.
+    /// Leases children of one parent for each ask, in one transaction: the
+    /// lane's turn (`TAKE_LANE`), then one statement (`LANE_CLAIM`) that
+    /// hands the lowest sequences to the first ask, and so on.
     async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
         let LaneClaimParams {
             parent_id,
@@ -129,9 +165,9 @@ impl Claims for PgStore {
             turn,
         } = lane;
         let queue = queue.map(QueueName::as_str);
-        let sql: &'static str = match turn {
-            LaneTurn::Wait => LANE_CLAIM.as_str(),
-            LaneTurn::Skip => LANE_CLAIM_SKIP.as_str(),
+        let take: &'static str = match turn {
+            LaneTurn::Wait => TAKE_LANE.as_str(),
+            LaneTurn::Skip => TAKE_LANE_SKIP.as_str(),
         };
         let total: i64 = asks.iter().map(|a| a.limit).sum();
         let mut claims = Vec::with_capacity(total as usize);
@@ -146,38 +182,57 @@ impl Claims for PgStore {
         }
         let (claims, workers, leases) = (&claims, &workers, &leases);
         let rows = retry_transient(|| async move {
-            Ok(sqlx::query(self.pool.sql(sql))
+            let mut tx = self.held_tx().await?;
+            let lane: Option<(String, Option<i64>, bool)> = sqlx::query_as(self.pool.sql(take))
+                .bind(parent_id.as_str())
+                .bind(queue)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((queue, floor, due)) = lane else {
+                tx.commit().await?;
+                return Ok(None);
+            };
+            if floor.is_none() && !due {
+                tx.commit().await?;
+                return Ok(Some(Vec::new()));
+            }
+            let rows = sqlx::query(self.pool.sql(LANE_CLAIM))
                 .bind(parent_id.as_str())
                 .bind(total)
                 .bind(claims)
                 .bind(workers)
                 .bind(leases)
+                .bind(floor)
+                .bind(due)
                 .bind(queue)
-                .fetch_all(&self.pool)
-                .await?)
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(Some(rows))
         })
         .await?;
-        Ok(LaneClaim::from_rows(asks, &rows)?)
+        match rows {
+            None => Ok(asks.iter().map(|_| LaneClaim::default()).collect()),
+            Some(rows) => Ok(LaneClaim::taken_from_rows(asks, &rows)?),
+        }
     }
 
-    /// Extends the live leases of a claim and its children's, in one statement.
+    /// Extends the live leases of a claim, its lanes locked (an expiry that
+    /// holds one finishes first).
     async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<Extended> {
+        let mut tx = self.held_tx().await?;
+        sqlx::query(TAKE_CLAIM_LANES).bind(claim_id).execute(&mut *tx).await?;
         let (extended, expires): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
             "WITH leases AS ( \
                  UPDATE claim_lease SET expires_at = now() + make_interval(secs => $2) \
-                 WHERE claim_id = $1 AND expires_at > now() RETURNING parent_id, sequences), \
-             extended AS ( \
-                 UPDATE child c SET lease_expires_at = now() + make_interval(secs => $2) \
-                 FROM leases l \
-                 WHERE c.parent_id = l.parent_id AND c.sequence = ANY (l.sequences) \
-                   AND c.claim_id = $1 AND c.state = 'in_flight' AND c.lease_expires_at > now() \
-                 RETURNING c.lease_expires_at) \
-             SELECT count(*), max(lease_expires_at) FROM extended",
+                 WHERE claim_id = $1 AND expires_at > now() RETURNING open, expires_at) \
+             SELECT coalesce(sum(open), 0)::bigint, max(expires_at) FROM leases",
         )
         .bind(claim_id)
         .bind(lease_seconds as f64)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(Extended {
             extended: extended as u64,
             lease_expires_at: expires,
@@ -185,9 +240,8 @@ impl Claims for PgStore {
     }
 
     /// Returns a claim's children (all, or the named ones) to pending, parent
-    /// by parent in one transaction, lowering each lane's floor (or, with a
-    /// delay, its `ready_at`) to them; each lane is locked before its
-    /// children, as a claim locks them.
+    /// by parent in one transaction (`RELEASE_IN_PARENT`), each lane locked
+    /// first.
     async fn release(&self, release: Release<'_>) -> StoreResult<Vec<(ParentId, u64)>> {
         let Release {
             claim_id,
@@ -207,31 +261,18 @@ impl Claims for PgStore {
         };
         let mut released = Vec::new();
         for (parent_id, sequences) in groups {
-            let n: i64 = sqlx::query_scalar(
-                "WITH turn AS (SELECT 1 FROM lane WHERE parent_id = $3 FOR UPDATE), \
-                 released AS ( \
-                     UPDATE child c SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                         available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) END, \
-                         changed_at = now() \
-                     FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
-                     WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
-                       AND c.claim_id = $4 AND c.state = 'in_flight' AND (SELECT count(*) FROM turn) >= 0 \
-                     RETURNING c.sequence, c.available_at), \
-                 lowered AS ( \
-                     UPDATE lane SET \
-                         floor = least(floor, (SELECT min(sequence) FROM released WHERE available_at IS NULL)), \
-                         ready_at = least(ready_at, (SELECT min(available_at) FROM released)), \
-                         unclaimed = unclaimed + (SELECT count(*) FROM released) \
-                     WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM released)) \
-                 SELECT count(*) FROM released",
-            )
-            .bind(vec![parent_id.as_str(); sequences.len()])
-            .bind(&sequences)
-            .bind(&parent_id)
-            .bind(claim_id)
-            .bind(delay_seconds as f64)
-            .fetch_one(&mut *tx)
-            .await?;
+            sqlx::query("SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE")
+                .bind(&parent_id)
+                .execute(&mut *tx)
+                .await?;
+            let n: i64 = sqlx::query_scalar(RELEASE_IN_PARENT)
+                .bind(vec![parent_id.as_str(); sequences.len()])
+                .bind(&sequences)
+                .bind(&parent_id)
+                .bind(claim_id)
+                .bind(delay_seconds as f64)
+                .fetch_one(&mut *tx)
+                .await?;
             if n > 0 {
                 released.push((ParentId::from_ledger(parent_id), n as u64));
             }
@@ -240,13 +281,13 @@ impl Claims for PgStore {
         Ok(released)
     }
 
-    /// Returns a held child to pending, and its lane's floor to it; whether it did.
+    /// Returns a held child to pending, given back (due now); whether it did.
     async fn retry_held(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<bool> {
         let retried: bool = sqlx::query_scalar(AssertSqlSafe(format!(
             "WITH turn AS (SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE), \
              retried AS ({} AND (SELECT count(*) FROM turn) >= 0 RETURNING sequence), \
              lowered AS ( \
-                 UPDATE lane SET floor = least(floor, $2), held_out = held_out + 1 \
+                 UPDATE lane SET ready_at = least(ready_at, now()), held_out = held_out + 1 \
                  WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM retried)) \
              SELECT EXISTS (SELECT 1 FROM retried)",
             sql::retry_held("now()")
@@ -259,9 +300,9 @@ impl Claims for PgStore {
     }
 
     /// Moves the children of up to `batch` leases that ran out, in `scope` or
-    /// everywhere: a read finds the leases, then one statement per parent
-    /// moves their children. Returns how many moved, and the parents whose
-    /// last child this failed.
+    /// everywhere: a read finds the leases, then for each parent a
+    /// transaction locks its lane and moves their children. Returns how many
+    /// moved, and the parents whose last child this failed.
     async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<Expired> {
         let (scope_filter, scope_key) = match scope {
             None => ("", None),
@@ -293,11 +334,18 @@ impl Claims for PgStore {
         for (parent_id, claims) in found {
             let (parent_id, claims) = (&parent_id, &claims);
             let rows: Vec<(Option<String>, i64)> = retry_transient(|| async move {
-                Ok(sqlx::query_as(EXPIRE_IN_PARENT.as_str())
+                let mut tx = self.held_tx().await?;
+                sqlx::query("SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE")
+                    .bind(parent_id)
+                    .execute(&mut *tx)
+                    .await?;
+                let rows = sqlx::query_as(EXPIRE_IN_PARENT.as_str())
                     .bind(claims)
                     .bind(parent_id)
-                    .fetch_all(&self.pool)
-                    .await?)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(rows)
             })
             .await?;
             for (parent_id, count) in rows {
@@ -311,45 +359,43 @@ impl Claims for PgStore {
     }
 }
 
-/// Moves the children of parent `$2` whose leases (of the claims `$1`) ran
-/// out: exhausted ones fail (and count), `hold` parents keep theirs held,
-/// the rest become claimable again and lower the lane's floor; all remember
-/// the attempt expired. The lane is locked first, then the leases go (a
-/// lease an extension renewed meanwhile stays, and so do its children), then
-/// their children, waiting for any another statement holds (an outcome,
-/// which may settle them first): the order of every statement that moves
-/// them, so none waits on another in a circle.
+/// Ends the leases of claims `$1` on parent `$2` that ran out, its lane
+/// locked: their children still held fail when their attempts are
+/// exhausted (and count), stay held for `hold` parents, and otherwise come
+/// back through `available_at`; all remember the attempt expired, and which
+/// claim made it. Then the leases go, and the lane counts what ended. The
+/// children are written before the leases and the parent after them: the
+/// order an outcome takes them in.
 static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
+    let exhausted = "p.max_attempts IS NOT NULL AND c.attempts + 1 >= p.max_attempts";
     format!(
-        "WITH turn AS (SELECT 1 FROM lane WHERE parent_id = $2 FOR UPDATE), \
-         gone AS ( \
-             DELETE FROM claim_lease l WHERE l.parent_id = $2 AND l.claim_id = ANY ($1::uuid[]) \
-               AND l.expires_at <= now() AND (SELECT count(*) FROM turn) >= 0 \
-             RETURNING l.claim_id, l.sequences), \
-         expired AS ( \
-             SELECT c.parent_id, c.sequence FROM gone g \
-             JOIN child c ON c.parent_id = $2 AND c.sequence = ANY (g.sequences) AND c.claim_id = g.claim_id \
-             WHERE c.state = 'in_flight' AND c.lease_expires_at <= now() \
-             FOR UPDATE OF c), \
+        "WITH gone AS ( \
+             SELECT l.claim_id, l.sequences, l.worker, l.expires_at FROM claim_lease l \
+             WHERE l.parent_id = $2 AND l.claim_id = ANY ($1::uuid[]) AND l.expires_at <= now()), \
          moved AS ( \
              UPDATE child c SET \
-                 state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
-                              WHEN p.expired_lease = 'hold' THEN 'held' ELSE 'pending' END, \
-                 reason = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                               THEN 'attempts exhausted' ELSE c.reason END, \
-                 terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                                    THEN now() ELSE c.terminal_at END, \
+                 state = CASE WHEN {exhausted} THEN 'failed' WHEN p.expired_lease = 'hold' THEN 'held' \
+                              ELSE 'pending' END, \
+                 available_at = CASE WHEN {exhausted} OR p.expired_lease = 'hold' THEN NULL ELSE now() END, \
+                 reason = CASE WHEN {exhausted} THEN 'attempts exhausted' ELSE c.reason END, \
+                 terminal_at = CASE WHEN {exhausted} THEN now() ELSE c.terminal_at END, \
+                 attempts = c.attempts + 1, previous_claim_id = c.claim_id, claim_id = g.claim_id, \
+                 claimed_by = g.worker, lease_expires_at = g.expires_at, \
                  previous_attempt = 'expired', changed_at = now() \
-             FROM expired e, parent p \
-             WHERE c.parent_id = e.parent_id AND c.sequence = e.sequence AND p.parent_id = e.parent_id \
-             RETURNING c.parent_id, c.sequence, c.state), \
+             FROM gone g, parent p \
+             WHERE c.parent_id = $2 AND c.sequence = ANY (g.sequences) AND p.parent_id = $2 \
+               AND c.state = 'pending' AND c.available_at IS NULL \
+             RETURNING c.parent_id, c.sequence, c.state, c.available_at), \
+         ended AS ( \
+             DELETE FROM claim_lease l USING gone g \
+             WHERE l.claim_id = g.claim_id AND l.parent_id = $2 AND (SELECT count(*) FROM moved) >= 0), \
          deltas AS ( \
              SELECT parent_id, 0 AS processed, count(*) AS failed, 0 AS skipped, \
                  0 AS from_in_flight, 0 AS from_held \
              FROM moved WHERE state = 'failed' GROUP BY parent_id), \
          {bump}, \
          lowered AS ( \
-             UPDATE lane SET floor = least(floor, (SELECT min(sequence) FROM moved WHERE state = 'pending')), \
+             UPDATE lane SET ready_at = least(ready_at, (SELECT min(available_at) FROM moved)), \
                  unclaimed = unclaimed + (SELECT count(*) FROM moved), \
                  held_in = held_in + (SELECT count(*) FROM moved WHERE state = 'held') \
              WHERE parent_id = $2 AND EXISTS (SELECT 1 FROM moved)) \

@@ -43,9 +43,10 @@ static POSTGRES: Dialect = Dialect {
     leased_children: |l| {
         format!(
             "JOIN child c ON c.parent_id = {l}.parent_id AND c.sequence = ANY ({l}.sequences) \
-             AND c.claim_id = {l}.claim_id"
+             AND c.state = 'pending' AND c.available_at IS NULL"
         )
     },
+    lease_holds: |l, sequence| format!("{sequence} = ANY ({l}.sequences)"),
     within: sql::within_postgres,
 };
 
@@ -192,8 +193,7 @@ impl PgStore {
     async fn wrap_hot_statements(&self) -> anyhow::Result<()> {
         self.pool
             .wrap_hot_statements(&[
-                claims::LANE_CLAIM.as_str(),
-                claims::LANE_CLAIM_SKIP.as_str(),
+                claims::LANE_CLAIM,
                 *claims::QUEUE_LANES,
                 outcomes::APPLY_OUTCOMES.as_str(),
             ])

@@ -50,24 +50,85 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Child transitions of one parent and its counters in one statement. The
-/// guarded UPDATE only touches non-terminal rows of a decomposed parent, so
-/// what it returns is exactly the set of writes that won. The parent comes in
-/// as an array (the same id for every write) joined on both key columns: a
-/// constant `parent_id` would let a planner whose statistics predate the
-/// parent walk every child of it instead of looking each one up.
+/// Child transitions of one parent (`$7`) and its counters in one
+/// statement. The guarded UPDATE only touches non-terminal rows of a
+/// decomposed parent, so what it returns is exactly the set of writes that
+/// won. The parent comes in as an array too (the same id for every write)
+/// joined on both key columns: a constant `parent_id` would let a planner
+/// whose statistics predate the parent walk every child of it instead of
+/// looking each one up.
+///
+/// A child is in flight when its lane's floor has passed it (migration
+/// 0014); the write's own claim's lease (`held`, hashed against the input)
+/// says which lease holds it, and only a write for a child leased by
+/// another claim, or by none it names, looks the lease up. The outcome
+/// ends the attempt on the row (as a lease end does) and takes the child
+/// out of its lease, which goes once it holds nothing.
+///
+/// The floor moves up only under the lane's lock, so a floor read from this
+/// statement's snapshot is right for every child below it: those a claim
+/// had leased before this statement began. A write for a child at or past
+/// it might race a claim that is leasing it now; unless the caller holds the
+/// lane's lock (`$8`), the statement then writes nothing and says so with a
+/// row of NULLs, and is run again under the lock (which also moves the floor
+/// past the children it made terminal).
 pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
+    let leased = sql::leased("(SELECT floor FROM ln)", "EXISTS (SELECT 1 FROM ln)");
+    let holder = format!(
+        "CASE WHEN h.claim_id IS NOT NULL THEN h.claim_id ELSE {} END",
+        sql::holder(&super::POSTGRES, "claim_id")
+    );
+    let worker = format!(
+        "CASE WHEN h.claim_id IS NOT NULL THEN h.worker ELSE {} END",
+        sql::holder(&super::POSTGRES, "worker")
+    );
+    let expires = format!(
+        "CASE WHEN h.claim_id IS NOT NULL THEN h.expires_at ELSE {} END",
+        sql::holder(&super::POSTGRES, "expires_at")
+    );
+    let view = sql::ClaimView::of(&leased, "h.claim_id");
     format!(
         "WITH input AS ( \
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
                  AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
+         ln AS (SELECT floor FROM lane WHERE parent_id = $7), \
+         held AS ( \
+             SELECT l.claim_id, l.worker, l.expires_at, s.sequence FROM claim_lease l, unnest(l.sequences) AS s(sequence) \
+             WHERE l.parent_id = $7 AND l.claim_id IN (SELECT claim_id FROM input)), \
+         racing AS ( \
+             SELECT 1 FROM input u JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence \
+             WHERE NOT $8 AND c.state = 'pending' AND c.available_at IS NULL AND c.sequence >= (SELECT floor FROM ln) \
+             LIMIT 1), \
          applied AS ( \
              UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::json, \
-                 terminal_at = now(), changed_at = now(), settled_from = c.state, outcome_attempt = {credited} \
+                 terminal_at = now(), changed_at = now(), \
+                 settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
+                 outcome_attempt = {credited}, \
+                 attempts = {attempts}, \
+                 previous_claim_id = {previous}, \
+                 claim_id = CASE WHEN {leased} THEN {holder} ELSE c.claim_id END, \
+                 claimed_by = CASE WHEN {leased} THEN {worker} ELSE c.claimed_by END, \
+                 lease_expires_at = CASE WHEN {leased} THEN {expires} ELSE c.lease_expires_at END, \
+                 available_at = NULL \
              FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
+                 LEFT JOIN held h ON h.claim_id = u.claim_id AND h.sequence = u.sequence \
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
-               AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
-             RETURNING c.parent_id, c.sequence, c.state, c.settled_from), \
+               AND c.state IN ('pending', 'held') AND {fenced} AND NOT EXISTS (SELECT 1 FROM racing) \
+             RETURNING c.parent_id, c.sequence, c.state, c.settled_from, c.claim_id), \
+         counted AS ( \
+             SELECT claim_id, count(*) AS n FROM applied WHERE settled_from = 'in_flight' GROUP BY claim_id), \
+         kept AS ( \
+             UPDATE claim_lease l SET open = l.open - k.n FROM counted k \
+             WHERE l.claim_id = k.claim_id AND l.parent_id = $7 AND l.open > k.n), \
+         closed AS ( \
+             DELETE FROM claim_lease l USING counted k \
+             WHERE l.claim_id = k.claim_id AND l.parent_id = $7 AND l.open <= k.n), \
+         advanced AS ( \
+             UPDATE lane SET floor = ( \
+                 SELECT min(c.sequence) FROM child c \
+                 WHERE c.parent_id = $7 AND c.sequence >= lane.floor AND c.state = 'pending' \
+                   AND c.available_at IS NULL AND c.sequence NOT IN (SELECT sequence FROM applied)) \
+             WHERE $8 AND parent_id = $7 AND floor IS NOT NULL), \
          deltas AS ( \
              SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \
@@ -77,9 +138,12 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              FROM applied GROUP BY parent_id), \
          {bump} \
          SELECT parent_id, sequence FROM applied \
-         UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed",
-        credited = sql::credited_attempt("u.claim_id"),
-        fenced = sql::fence_admits("u.claim_id"),
+         UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed \
+         UNION ALL SELECT NULL, NULL FROM racing",
+        credited = sql::credited_attempt("u.claim_id", &view),
+        fenced = sql::fence_admits("u.claim_id", &view),
+        attempts = view.attempts,
+        previous = view.previous_claim_id,
         bump = BUMP_PARENTS.as_str()
     )
 });
@@ -94,7 +158,7 @@ static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
                                         'attempt', {}, 'at', now()))) WITH ORDINALITY AS x(e, i) \
                  ORDER BY i DESC LIMIT {keep}) kept) \
          WHERE c.parent_id = $1 AND c.sequence = $2",
-        sql::attempt_of("$5::uuid"),
+        sql::attempt_of("$5::uuid", &sql::conflict_view(&super::POSTGRES)),
         keep = crate::ledger::outcome::CONFLICTS_KEPT
     )
 });
@@ -114,9 +178,13 @@ impl Outcomes for PgStore {
         let rows = retry_transient(|| async move {
             if by_parent.len() == 1 {
                 let (parent_id, writes) = by_parent.iter().next().expect("one parent");
-                apply_in_parent(&self.pool, self.pool.sql(APPLY_OUTCOMES.as_str()), parent_id, writes).await
+                let sql = self.pool.sql(APPLY_OUTCOMES.as_str());
+                match apply_in_parent(&self.pool, sql, parent_id, writes, false).await? {
+                    Some(rows) => Ok(rows),
+                    None => self.apply_by_parent(by_parent, true).await,
+                }
             } else {
-                self.apply_by_parent(by_parent).await
+                self.apply_by_parent(by_parent, false).await
             }
         })
         .await?;
@@ -133,11 +201,32 @@ impl Outcomes for PgStore {
 }
 
 impl PgStore {
-    async fn apply_by_parent(&self, by_parent: &BTreeMap<&str, Vec<&OutcomeWrite>>) -> StoreResult<Vec<AppliedRow>> {
+    /// Applies the writes parent by parent in id order, in one transaction;
+    /// with `locked`, each parent's lane locked first (for writes that may
+    /// race a claim, see `APPLY_OUTCOMES`), and otherwise a parent whose
+    /// writes need it goes again with it.
+    async fn apply_by_parent(
+        &self,
+        by_parent: &BTreeMap<&str, Vec<&OutcomeWrite>>,
+        locked: bool,
+    ) -> StoreResult<Vec<AppliedRow>> {
         let mut tx = self.held_tx().await?;
         let mut rows = Vec::new();
+        let sql = self.pool.sql(APPLY_OUTCOMES.as_str());
         for (parent_id, writes) in by_parent {
-            rows.extend(apply_in_parent(&mut *tx, self.pool.sql(APPLY_OUTCOMES.as_str()), parent_id, writes).await?);
+            if !locked && let Some(applied) = apply_in_parent(&mut *tx, sql, parent_id, writes, false).await? {
+                rows.extend(applied);
+                continue;
+            }
+            sqlx::query("SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE")
+                .bind(*parent_id)
+                .execute(&mut *tx)
+                .await?;
+            rows.extend(
+                apply_in_parent(&mut *tx, sql, parent_id, writes, true)
+                    .await?
+                    .unwrap_or_default(),
+            );
         }
         tx.commit().await?;
         Ok(rows)
@@ -148,28 +237,40 @@ impl PgStore {
 type AppliedRow = (String, Option<i64>);
 
 /// Runs `APPLY_OUTCOMES` (`statement`: its text to send, see `PgDb::sql`)
-/// for the writes of one parent.
+/// for the writes of one parent, `locked` when the caller holds its lane's
+/// lock; `None` when the writes need that lock and nothing was written.
 async fn apply_in_parent<'e>(
     executor: impl sqlx::Executor<'e, Database = sqlx::Postgres>,
     statement: &'static str,
     parent_id: &str,
     writes: &[&OutcomeWrite],
-) -> StoreResult<Vec<AppliedRow>> {
+    locked: bool,
+) -> StoreResult<Option<Vec<AppliedRow>>> {
     let parents = vec![parent_id; writes.len()];
     let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
     let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
     let reasons: Vec<Option<&str>> = writes.iter().map(|w| w.reason.as_deref()).collect();
     let results: Vec<Option<&str>> = writes.iter().map(|w| w.result.as_deref().map(|r| r.get())).collect();
     let claims: Vec<Option<Uuid>> = writes.iter().map(|w| w.claim_id).collect();
-    Ok(sqlx::query_as(statement)
+    let rows: Vec<(Option<String>, Option<i64>)> = sqlx::query_as(statement)
         .bind(&parents)
         .bind(&sequences)
         .bind(&outcomes)
         .bind(&reasons)
         .bind(&results)
         .bind(&claims)
+        .bind(parent_id)
+        .bind(locked)
         .fetch_all(executor)
-        .await?)
+        .await?;
+    if rows.iter().any(|(parent, _)| parent.is_none()) {
+        return Ok(None);
+    }
+    Ok(Some(
+        rows.into_iter()
+            .filter_map(|(parent, sequence)| parent.map(|p| (p, sequence)))
+            .collect(),
+    ))
 }
 
 #[async_trait]
@@ -179,6 +280,7 @@ impl LoserWrites for PgTx {
         let sequences: Vec<i64> = losers.iter().map(|w| w.sequence).collect();
         let claims: Vec<Option<uuid::Uuid>> = losers.iter().map(|w| w.claim_id).collect();
         let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+            &super::POSTGRES,
             "unnest($1::text[], $2::bigint[], $3::uuid[]) WITH ORDINALITY AS u(parent_id, sequence, claim_id, i)",
         )))
         .bind(&parents)

@@ -1,13 +1,15 @@
 //! Children on Postgres: written in bulk from arrays, compared with an
 //! append, and skipped by a cancel.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
 
 use super::PgTx;
 use crate::ledger::{NewChild, ParentId};
 use crate::store::backend::{ChildChunk, ChildWrites, Inserted, Settled};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{StoreError, StoreResult, sql};
 
 type ChildArrays<'a> = (Vec<i64>, Vec<Option<&'a str>>, Vec<&'a str>, Vec<Option<&'a str>>);
 
@@ -90,21 +92,11 @@ impl ChildWrites for PgTx {
     }
 
     async fn skip_open_children(&mut self, parent_id: &ParentId, reason: &str) -> StoreResult<Settled> {
-        let (children, from_in_flight, from_held) = sqlx::query_as(
-            "WITH turn AS (SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE), \
-         cancelled AS ( \
-             UPDATE child c SET state = 'skipped', reason = $2, terminal_at = now(), changed_at = now(), \
-                 settled_from = c.state \
-             WHERE c.parent_id = $1 AND c.state IN ('pending', 'in_flight', 'held') \
-               AND (SELECT count(*) FROM turn) >= 0 \
-             RETURNING c.settled_from) \
-         SELECT count(*), count(*) FILTER (WHERE settled_from = 'in_flight'), \
-             count(*) FILTER (WHERE settled_from = 'held') FROM cancelled",
-        )
-        .bind(parent_id.as_str())
-        .bind(reason)
-        .fetch_one(&mut **self)
-        .await?;
+        let (children, from_in_flight, from_held) = sqlx::query_as(SKIP_OPEN.as_str())
+            .bind(parent_id.as_str())
+            .bind(reason)
+            .fetch_one(&mut **self)
+            .await?;
         Ok(Settled {
             children,
             from_in_flight,
@@ -112,3 +104,28 @@ impl ChildWrites for PgTx {
         })
     }
 }
+
+/// Skips every open child of parent `$1` with reason `$2`, its lane locked
+/// first (the lock's row is the lane as it is now: its floor says which
+/// children are in flight), ending the attempts of those in flight as an
+/// outcome does; then its leases go. Counts them, and those that were in
+/// flight or held.
+static SKIP_OPEN: LazyLock<String> = LazyLock::new(|| {
+    let leased = sql::leased("(SELECT floor FROM turn)", "EXISTS (SELECT 1 FROM turn)");
+    let view = sql::ClaimView::of(&leased, &sql::holder(&super::POSTGRES, "claim_id"));
+    format!(
+        "WITH turn AS (SELECT floor FROM lane WHERE parent_id = $1 FOR UPDATE), \
+         cancelled AS ( \
+             UPDATE child c SET state = 'skipped', reason = $2, terminal_at = now(), changed_at = now(), \
+                 settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
+                 attempts = {attempts}, claim_id = {claim}, previous_claim_id = {previous}, available_at = NULL \
+             WHERE c.parent_id = $1 AND c.state IN ('pending', 'held') AND (SELECT count(*) FROM turn) >= 0 \
+             RETURNING c.settled_from), \
+         ended AS (DELETE FROM claim_lease WHERE parent_id = $1 AND (SELECT count(*) FROM cancelled) >= 0) \
+         SELECT count(*), count(*) FILTER (WHERE settled_from = 'in_flight'), \
+             count(*) FILTER (WHERE settled_from = 'held') FROM cancelled",
+        attempts = view.attempts,
+        claim = view.claim_id,
+        previous = view.previous_claim_id
+    )
+});

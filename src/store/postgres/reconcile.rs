@@ -22,13 +22,14 @@ static DRIFT_PAGE: LazyLock<String> = LazyLock::new(|| {
              SELECT count(*) AS total, count(*) FILTER (WHERE state = 'processed') AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \
                  count(*) FILTER (WHERE state = 'skipped') AS skipped, \
-                 count(*) FILTER (WHERE state = 'in_flight') AS in_flight, \
+                 count(*) FILTER (WHERE {leased}) AS in_flight, \
                  count(*) FILTER (WHERE state = 'held') AS held \
              FROM child c WHERE c.parent_id = p.parent_id) t ON true \
          WHERE p.position > $1 AND ($2::text IS NULL OR p.queue = $2) AND {within} \
          ORDER BY p.position LIMIT $3",
         columns = reconcile::drift_columns(),
-        within = sql::within_postgres("$4")
+        within = sql::within_postgres("$4"),
+        leased = sql::leased("l.floor", "l.parent_id IS NOT NULL")
     )
 });
 

@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
@@ -16,48 +17,69 @@ use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release}
 use crate::store::reports::{LaneAsk, LaneClaim};
 use crate::store::{StoreResult, sql};
 
-/// Recomputes the lanes of the parents in JSON array `?1` from their rows:
-/// the lowest pending sequence without a delay, and the earliest delay. In
-/// SQLite an index holds no entries of rows gone by, so this is cheap, as
-/// long as it reads the pending index: left to itself the planner walks the
-/// primary key from sequence 0, through every child claimed or finished.
-const REFRESH_LANES: &str = "UPDATE lane SET \
-        floor = (SELECT c.sequence FROM child c INDEXED BY child_pending \
-                 WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NULL \
-                 ORDER BY c.sequence LIMIT 1), \
-        ready_at = (SELECT min(c.available_at) FROM child c INDEXED BY child_delayed \
-                    WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NOT NULL) \
-    WHERE parent_id IN (SELECT value FROM json_each(?1))";
+/// Lowers the `ready_at` of lanes to when children given back to them come
+/// due: JSON `[[parent_id, due], ...]` in `?1`.
+const GIVE_BACK: &str = "UPDATE lane SET ready_at = CASE WHEN ready_at IS NULL OR ready_at > j.value ->> 1 \
+        THEN j.value ->> 1 ELSE ready_at END \
+    FROM json_each(?1) AS j WHERE lane.parent_id = j.value ->> 0";
 
-/// Refreshes the lanes of `parents` (see `REFRESH_LANES`).
-async fn refresh_lanes<'a>(tx: &mut SqliteTx, parents: impl IntoIterator<Item = &'a str>) -> StoreResult<()> {
-    let parents: Vec<&str> = parents.into_iter().collect();
-    if !parents.is_empty() {
-        sqlx::query(REFRESH_LANES)
-            .bind(serde_json::to_string(&parents).unwrap_or_else(|_| "[]".to_owned()))
+/// Tells the lanes of `due` (parent, when its earliest child given back
+/// comes due) about them (see `GIVE_BACK`).
+async fn give_back(tx: &mut SqliteTx, due: &BTreeMap<&str, String>) -> StoreResult<()> {
+    if !due.is_empty() {
+        let rows: Vec<(&str, &str)> = due.iter().map(|(p, at)| (*p, at.as_str())).collect();
+        sqlx::query(GIVE_BACK)
+            .bind(serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned()))
             .execute(&mut **tx)
             .await?;
     }
     Ok(())
 }
 
+/// Notes in `due` when a child given back to `parent_id` at `at` comes due.
+fn note_due<'a>(due: &mut BTreeMap<&'a str, String>, parent_id: &'a str, at: &str) {
+    let earliest = due.entry(parent_id).or_insert_with(|| at.to_owned());
+    if at < earliest.as_str() {
+        *earliest = at.to_owned();
+    }
+}
+
 static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(NOW));
 
 /// Records the lease of claim `?1` on parent `?2`: the children `?3` (a
-/// JSON array), until `?4`, claimed at `?5` (when its children changed);
-/// a second claim of the same claim id on the lane (a top-up) adds its
-/// children.
-const LEASE: &str = "INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5) \
+/// JSON array; `?6` of them, `?7` the lowest, `?8` the highest), until `?4`
+/// (a clock modifier) from now, by worker `?5`; a second claim of the same
+/// claim id on the lane (a top-up) adds its children. The children it hands
+/// out were told an expiry read a moment before, never a later one.
+static LEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi) \
+         VALUES (?1, ?2, ?3, {expires}, {NOW}, ?5, ?6, ?7, ?8) \
          ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
              sequences = (SELECT json_group_array(value) FROM ( \
                  SELECT value FROM json_each(claim_lease.sequences) \
                  UNION ALL SELECT value FROM json_each(excluded.sequences))), \
-             expires_at = max(claim_lease.expires_at, excluded.expires_at)";
+             expires_at = max(claim_lease.expires_at, excluded.expires_at), \
+             open = claim_lease.open + excluded.open, \
+             lo = min(claim_lease.lo, excluded.lo), hi = max(claim_lease.hi, excluded.hi)",
+        expires = now_by("?4")
+    )
+});
 
 /// The children claim `?1` leased, as `(parent_id, sequence)` rows (some
 /// may have been released or recorded since: statements that use it check).
 const LEASED: &str = "SELECT l.parent_id, s.value FROM claim_lease l, json_each(l.sequences) s WHERE l.claim_id = ?1";
+
+/// Takes the children `?3` (a JSON array) out of claim `?1`'s lease on
+/// parent `?2`; `?4` of them were still open.
+const LET_GO: &str = "UPDATE claim_lease SET \
+        sequences = (SELECT json_group_array(value) FROM json_each(claim_lease.sequences) \
+                     WHERE value NOT IN (SELECT value FROM json_each(?3))), \
+        open = open - ?4 \
+    WHERE claim_id = ?1 AND parent_id = ?2";
+
+/// Drops claim `?1`'s lease on parent `?2` once it holds nothing.
+const DROP_EMPTY: &str = "DELETE FROM claim_lease WHERE claim_id = ?1 AND parent_id = ?2 AND open <= 0";
 
 /// Counts leases that ended without an outcome (`unclaimed`) and, of those,
 /// the ones kept held (`held_in`), per lane: JSON `[[parent_id, ended, held], …]` in `?1`.
@@ -76,36 +98,31 @@ async fn count_unclaimed(tx: &mut SqliteTx, ended: &BTreeMap<&str, (i64, i64)>) 
     Ok(())
 }
 
-/// Leases up to `?2` children of parent `?1` from `?6`, its floor, up (and,
-/// with `due`, its delayed children that are due, earliest due first), lowest
-/// sequence first. Binds: `?3` claim id, `?4` worker, `?5` lease modifier.
-fn lane_claim(due: bool) -> String {
-    let due = if due {
-        format!(
-            "UNION ALL SELECT sequence FROM ( \
-                 SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
-                   AND available_at <= {NOW} ORDER BY available_at LIMIT ?2)"
-        )
-    } else {
-        String::new()
-    };
+/// Up to `?2` + 1 children of parent `?1` from its floor `?3` up, in the
+/// primary key (past the floor no claim has taken any), with what a claim
+/// hands out: the extra one is the next floor. `?4` is the lease's clock
+/// modifier, `?5` the claim id, `?6` the lane's queue.
+static FRESH: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE child SET state = 'in_flight', attempts = attempts + 1, previous_claim_id = claim_id, \
-             claim_id = ?3, claimed_by = ?4, lease_expires_at = {lease}, available_at = NULL, changed_at = {now} \
-         WHERE parent_id = ?1 AND sequence IN ( \
-             SELECT sequence FROM ( \
-                 SELECT sequence FROM child WHERE parent_id = ?1 AND state = 'pending' \
-                   AND available_at IS NULL AND sequence >= ?6 ORDER BY sequence LIMIT ?2) \
-             {due} ORDER BY sequence LIMIT ?2) \
-         RETURNING parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, changed_at, \
-             (SELECT queue FROM lane WHERE lane.parent_id = child.parent_id) AS queue",
-        lease = now_by("?5"),
-        now = NOW
+        "SELECT parent_id, sequence, key, payload, attempts + 1 AS attempts, previous_attempt, \
+             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 0 AS returned \
+         FROM child WHERE parent_id = ?1 AND sequence >= ?3 AND state = 'pending' AND available_at IS NULL \
+         ORDER BY sequence LIMIT ?2 + 1",
+        lease = now_by("?4")
     )
-}
+});
 
-static CLAIM: LazyLock<String> = LazyLock::new(|| lane_claim(false));
-static CLAIM_WITH_DUE: LazyLock<String> = LazyLock::new(|| lane_claim(true));
+/// Up to `?2` children given back to parent `?1` that are due, earliest due
+/// first, as `FRESH` reads them.
+static DUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT parent_id, sequence, key, payload, attempts + 1 AS attempts, previous_attempt, \
+             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 1 AS returned \
+         FROM child WHERE parent_id = ?1 AND state = 'pending' AND available_at <= {NOW} \
+         ORDER BY available_at LIMIT ?2",
+        lease = now_by("?4")
+    )
+});
 
 #[async_trait]
 impl Claims for SqliteStore {
@@ -122,47 +139,36 @@ impl Claims for SqliteStore {
     async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<Extended> {
         static EXTEND: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "UPDATE child SET lease_expires_at = {lease} \
-                 WHERE (parent_id, sequence) IN ({LEASED}) \
-                   AND claim_id = ?1 AND state = 'in_flight' AND lease_expires_at > {NOW} \
-                 RETURNING lease_expires_at",
-                lease = now_by("?2")
-            )
-        });
-        static RENEW: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "UPDATE claim_lease SET expires_at = {lease} WHERE claim_id = ?1 AND expires_at > {NOW}",
+                "UPDATE claim_lease SET expires_at = {lease} WHERE claim_id = ?1 AND expires_at > {NOW} \
+                 RETURNING open, expires_at",
                 lease = now_by("?2")
             )
         });
         let mut tx = self.held_tx().await?;
-        sqlx::query(RENEW.as_str())
-            .bind(claim_id.to_string())
-            .bind(format!("+{lease_seconds} seconds"))
-            .execute(&mut *tx)
-            .await?;
-        let rows: Vec<DateTime<Utc>> = sqlx::query_scalar(EXTEND.as_str())
+        let rows: Vec<(i64, DateTime<Utc>)> = sqlx::query_as(EXTEND.as_str())
             .bind(claim_id.to_string())
             .bind(format!("+{lease_seconds} seconds"))
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
         Ok(Extended {
-            extended: rows.len() as u64,
-            lease_expires_at: rows.into_iter().max(),
+            extended: rows.iter().map(|(open, _)| *open as u64).sum(),
+            lease_expires_at: rows.into_iter().map(|(_, at)| at).max(),
         })
     }
 
     async fn release(&self, release: Release<'_>) -> StoreResult<Vec<(ParentId, u64)>> {
         static RELEASE: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "UPDATE child SET state = 'pending', previous_attempt = 'released', lease_expires_at = NULL, \
-                     changed_at = {NOW}, available_at = CASE WHEN ?3 > 0 THEN {later} END \
-                 WHERE claim_id = ?1 AND state = 'in_flight' \
-                   AND (parent_id, sequence) IN ( \
-                       SELECT value ->> 0, value ->> 1 FROM json_each(?4) WHERE NOT ?2 \
-                       UNION ALL {LEASED} AND ?2) \
-                 RETURNING parent_id",
+                "UPDATE child SET available_at = CASE WHEN ?3 > 0 THEN {later} ELSE {NOW} END, \
+                     previous_attempt = 'released', attempts = attempts + 1, previous_claim_id = claim_id, \
+                     claim_id = ?1, lease_expires_at = NULL, changed_at = {NOW}, \
+                     claimed_by = (SELECT l.worker FROM claim_lease l \
+                                   WHERE l.claim_id = ?1 AND l.parent_id = child.parent_id) \
+                 WHERE state = 'pending' AND available_at IS NULL \
+                   AND (parent_id, sequence) IN ({LEASED}) \
+                   AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4))) \
+                 RETURNING parent_id, sequence, available_at",
                 later = now_by("'+' || ?3 || ' seconds'")
             )
         });
@@ -178,23 +184,41 @@ impl Claims for SqliteStore {
             .collect();
         let named = serde_json::to_string(&named).unwrap_or_else(|_| "[]".to_owned());
         let mut tx = self.held_tx().await?;
-        let released: Vec<String> = sqlx::query_scalar(RELEASE.as_str())
+        let released: Vec<(String, i64, String)> = sqlx::query_as(RELEASE.as_str())
             .bind(claim_id.to_string())
             .bind(children.is_none())
             .bind(delay_seconds)
             .bind(named)
             .fetch_all(&mut *tx)
             .await?;
-        let mut by_parent: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-        for parent_id in &released {
-            by_parent.entry(parent_id).or_default().0 += 1;
+        let mut by_parent: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        let mut due = BTreeMap::new();
+        for (parent_id, sequence, available_at) in &released {
+            by_parent.entry(parent_id).or_default().push(*sequence);
+            note_due(&mut due, parent_id, available_at);
         }
-        refresh_lanes(&mut tx, by_parent.keys().copied().collect::<BTreeSet<_>>()).await?;
-        count_unclaimed(&mut tx, &by_parent).await?;
+        let claim = claim_id.to_string();
+        for (parent_id, sequences) in &by_parent {
+            sqlx::query(LET_GO)
+                .bind(&claim)
+                .bind(parent_id)
+                .bind(serde_json::to_string(sequences).unwrap_or_else(|_| "[]".to_owned()))
+                .bind(sequences.len() as i64)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(DROP_EMPTY)
+                .bind(&claim)
+                .bind(parent_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        give_back(&mut tx, &due).await?;
+        let ended: BTreeMap<&str, (i64, i64)> = by_parent.iter().map(|(p, s)| (*p, (s.len() as i64, 0))).collect();
+        count_unclaimed(&mut tx, &ended).await?;
         tx.commit().await?;
         Ok(by_parent
             .into_iter()
-            .map(|(p, (n, _))| (ParentId::from_ledger(p.to_owned()), n as u64))
+            .map(|(p, s)| (ParentId::from_ledger(p.to_owned()), s.len() as u64))
             .collect())
     }
 
@@ -208,8 +232,14 @@ impl Claims for SqliteStore {
             .await?
             .rows_affected();
         if retried == 1 {
-            refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
-            sqlx::query("UPDATE lane SET held_out = held_out + 1 WHERE parent_id = ?1")
+            static RETRIED: LazyLock<String> = LazyLock::new(|| {
+                format!(
+                    "UPDATE lane SET held_out = held_out + 1, \
+                         ready_at = CASE WHEN ready_at IS NULL OR ready_at > {NOW} THEN {NOW} ELSE ready_at END \
+                     WHERE parent_id = ?1"
+                )
+            });
+            sqlx::query(RETRIED.as_str())
                 .bind(parent_id.as_str())
                 .execute(&mut *tx)
                 .await?;
@@ -231,65 +261,69 @@ impl Claims for SqliteStore {
             ),
         };
         let mut tx = self.held_tx().await?;
-        let due: Vec<(String, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        let due: Vec<(String, String, String, Option<String>, String)> = sqlx::query_as(AssertSqlSafe(format!(
             "DELETE FROM claim_lease WHERE (claim_id, parent_id) IN ( \
                  SELECT claim_id, parent_id FROM claim_lease WHERE expires_at <= {NOW} {scope_filter} \
                  ORDER BY expires_at LIMIT ?1) \
-             RETURNING claim_id, parent_id, sequences"
+             RETURNING claim_id, parent_id, sequences, worker, expires_at"
         )))
         .bind(batch)
         .bind(scope_key)
         .fetch_all(&mut *tx)
         .await?;
         let more = due.len() as i64 >= batch;
-        let leases: Vec<(&str, &str, serde_json::Value)> = due
+        let leases: Vec<(&str, &str, serde_json::Value, Option<&str>, &str)> = due
             .iter()
-            .map(|(claim, parent, sequences)| {
+            .map(|(claim, parent, sequences, worker, expires)| {
                 (
                     claim.as_str(),
                     parent.as_str(),
                     serde_json::from_str(sequences).unwrap_or_default(),
+                    worker.as_deref(),
+                    expires.as_str(),
                 )
             })
             .collect();
-        let moved: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        let exhausted = "p.max_attempts IS NOT NULL AND c.attempts + 1 >= p.max_attempts";
+        let moved: Vec<(String, String, Option<String>)> = sqlx::query_as(AssertSqlSafe(format!(
             "UPDATE child AS c SET \
-                 state = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts THEN 'failed' \
-                              WHEN p.expired_lease = 'hold' THEN 'held' ELSE 'pending' END, \
-                 reason = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                               THEN 'attempts exhausted' ELSE c.reason END, \
-                 terminal_at = CASE WHEN p.max_attempts IS NOT NULL AND c.attempts >= p.max_attempts \
-                                    THEN {now} ELSE c.terminal_at END, \
+                 state = CASE WHEN {exhausted} THEN 'failed' WHEN p.expired_lease = 'hold' THEN 'held' \
+                              ELSE 'pending' END, \
+                 available_at = CASE WHEN {exhausted} OR p.expired_lease = 'hold' THEN NULL ELSE {now} END, \
+                 reason = CASE WHEN {exhausted} THEN 'attempts exhausted' ELSE c.reason END, \
+                 terminal_at = CASE WHEN {exhausted} THEN {now} ELSE c.terminal_at END, \
+                 attempts = c.attempts + 1, previous_claim_id = c.claim_id, claim_id = e.claim_id, \
+                 claimed_by = e.worker, lease_expires_at = e.expires_at, \
                  previous_attempt = 'expired', changed_at = {now} \
-             FROM parent p \
-             WHERE p.parent_id = c.parent_id AND c.state = 'in_flight' AND c.lease_expires_at <= {now} \
-               AND (c.claim_id, c.parent_id, c.sequence) IN ( \
-                   SELECT l.value ->> 0, l.value ->> 1, s.value \
-                   FROM json_each(?1) l, json_each(l.value -> 2) s) \
-             RETURNING parent_id, state",
+             FROM parent p, ( \
+                 SELECT l.value ->> 0 AS claim_id, l.value ->> 1 AS parent_id, s.value AS sequence, \
+                     l.value ->> 3 AS worker, l.value ->> 4 AS expires_at \
+                 FROM json_each(?1) l, json_each(l.value -> 2) s) e \
+             WHERE c.parent_id = e.parent_id AND c.sequence = e.sequence AND p.parent_id = c.parent_id \
+               AND c.state = 'pending' AND c.available_at IS NULL \
+             RETURNING parent_id, state, available_at",
             now = NOW
         )))
         .bind(serde_json::to_string(&leases).unwrap_or_else(|_| "[]".to_owned()))
         .fetch_all(&mut *tx)
         .await?;
         let mut failures: BTreeMap<&str, Counted> = BTreeMap::new();
-        for (parent_id, _) in moved.iter().filter(|(_, state)| state == "failed") {
+        for (parent_id, _, _) in moved.iter().filter(|(_, state, _)| state == "failed") {
             failures.entry(parent_id.as_str()).or_default().failed += 1;
         }
         let completed = bump_parents(&mut tx, &failures).await?;
         let mut ended: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-        for (parent_id, state) in &moved {
+        let mut given_back = BTreeMap::new();
+        for (parent_id, state, available_at) in &moved {
             let lane = ended.entry(parent_id.as_str()).or_default();
             lane.0 += 1;
             lane.1 += i64::from(state == "held");
+            if let Some(at) = available_at {
+                note_due(&mut given_back, parent_id, at);
+            }
         }
         count_unclaimed(&mut tx, &ended).await?;
-        let pending: BTreeSet<&str> = moved
-            .iter()
-            .filter(|(_, state)| state == "pending")
-            .map(|(parent_id, _)| parent_id.as_str())
-            .collect();
-        refresh_lanes(&mut tx, pending).await?;
+        give_back(&mut tx, &given_back).await?;
         tx.commit().await?;
         Ok(Expired {
             moved: moved.len() as u64,
@@ -301,7 +335,9 @@ impl Claims for SqliteStore {
 
 impl SqliteStore {
     /// Leases up to `ask.limit` claimable children of one parent, lowest
-    /// sequence first, and moves its lane.
+    /// sequence first: from the floor up (`FRESH`) and, when some are due,
+    /// given back ones (`DUE`); only the latter are written. Then the lease
+    /// row, and the lane's new floor.
     async fn claim_one(
         &self,
         parent_id: &ParentId,
@@ -310,18 +346,25 @@ impl SqliteStore {
     ) -> StoreResult<LaneClaim> {
         static LANE: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "SELECT floor, coalesce(ready_at <= {NOW}, 0) FROM lane WHERE parent_id = ?1 \
+                "SELECT queue, floor, coalesce(ready_at <= {NOW}, 0) FROM lane WHERE parent_id = ?1 \
                  AND (?2 IS NULL OR queue = ?2) \
                  AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
             )
         });
+        const MOVE_LANE: &str = "UPDATE lane SET floor = ?2, claimed = claimed + ?3, \
+                     served = CASE WHEN ?3 > 0 THEN (SELECT served FROM lane_clock) ELSE served END, \
+                     ready_at = CASE WHEN ?4 THEN ( \
+                         SELECT min(c.available_at) FROM child c INDEXED BY child_delayed \
+                         WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NOT NULL) \
+                     ELSE ready_at END \
+                 WHERE parent_id = ?1";
         let mut tx = self.held_tx().await?;
-        let lane: Option<(Option<i64>, bool)> = sqlx::query_as(LANE.as_str())
+        let lane: Option<(String, Option<i64>, bool)> = sqlx::query_as(LANE.as_str())
             .bind(parent_id.as_str())
             .bind(queue.map(QueueName::as_str))
             .fetch_optional(&mut *tx)
             .await?;
-        let Some((floor, due)) = lane else {
+        let Some((queue, floor, due)) = lane else {
             return Ok(LaneClaim::default());
         };
         if floor.is_none() && !due {
@@ -330,49 +373,87 @@ impl SqliteStore {
                 ..LaneClaim::default()
             });
         }
-        let sql = if due { &*CLAIM_WITH_DUE } else { &*CLAIM };
-        let rows = sqlx::query(sql.as_str())
-            .bind(parent_id.as_str())
-            .bind(ask.limit)
-            .bind(ask.claim_id.to_string())
-            .bind(ask.worker.as_deref())
-            .bind(format!("+{} seconds", ask.lease_seconds))
-            .bind(floor)
-            .fetch_all(&mut *tx)
-            .await?;
-        refresh_lanes(&mut tx, [parent_id.as_str()]).await?;
-        if !rows.is_empty() {
-            let served: i64 = sqlx::query_scalar("UPDATE lane_clock SET served = served + 1 RETURNING served")
-                .fetch_one(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE lane SET served = ?2, claimed = claimed + ?3 WHERE parent_id = ?1")
+        let lease = format!("+{} seconds", ask.lease_seconds);
+        let claim = ask.claim_id.to_string();
+        let read = |sql: &'static str| {
+            sqlx::query(sql)
                 .bind(parent_id.as_str())
-                .bind(served)
-                .bind(rows.len() as i64)
+                .bind(ask.limit)
+                .bind(floor)
+                .bind(&lease)
+                .bind(&claim)
+                .bind(&queue)
+        };
+        let fresh = match floor {
+            Some(_) => read(FRESH.as_str()).fetch_all(&mut *tx).await?,
+            None => Vec::new(),
+        };
+        let mut picked: Vec<&SqliteRow> = fresh.iter().take(ask.limit as usize).collect();
+        let given_back = if due {
+            read(DUE.as_str()).fetch_all(&mut *tx).await?
+        } else {
+            Vec::new()
+        };
+        let sequence = |row: &SqliteRow| row.try_get::<i64, _>("sequence");
+        if !given_back.is_empty() {
+            picked.extend(given_back.iter());
+            let mut keyed = picked
+                .into_iter()
+                .map(|row| Ok((sequence(row)?, row)))
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            keyed.sort_by_key(|(s, _)| *s);
+            keyed.truncate(ask.limit as usize);
+            picked = keyed.into_iter().map(|(_, row)| row).collect();
+        }
+        let mut taken = BTreeSet::new();
+        let mut returned = Vec::new();
+        for row in &picked {
+            let s = sequence(row)?;
+            taken.insert(s);
+            if row.try_get::<i64, _>("returned")? == 1 {
+                returned.push(s);
+            }
+        }
+        let next_floor = fresh
+            .iter()
+            .map(sequence)
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .find(|s| !taken.contains(s));
+        if !returned.is_empty() {
+            sqlx::query(
+                "UPDATE child SET available_at = NULL \
+                 WHERE parent_id = ?1 AND sequence IN (SELECT value FROM json_each(?2))",
+            )
+            .bind(parent_id.as_str())
+            .bind(serde_json::to_string(&returned).unwrap_or_else(|_| "[]".to_owned()))
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let (Some(lo), Some(hi)) = (taken.first(), taken.last()) {
+            sqlx::query("UPDATE lane_clock SET served = served + 1")
                 .execute(&mut *tx)
                 .await?;
-            let sequences: Vec<i64> = rows
-                .iter()
-                .map(|row| row.try_get::<i64, _>("sequence"))
-                .collect::<Result<_, _>>()?;
-            let expires: Option<String> = rows
-                .iter()
-                .map(|row| row.try_get::<String, _>("lease_expires_at"))
-                .collect::<Result<Vec<_>, _>>()?
-                .into_iter()
-                .max();
-            sqlx::query(LEASE)
-                .bind(ask.claim_id.to_string())
+            sqlx::query(LEASE.as_str())
+                .bind(&claim)
                 .bind(parent_id.as_str())
-                .bind(serde_json::to_string(&sequences).unwrap_or_else(|_| "[]".to_owned()))
-                .bind(expires)
-                .bind(rows[0].try_get::<String, _>("changed_at")?)
+                .bind(serde_json::to_string(&taken).unwrap_or_else(|_| "[]".to_owned()))
+                .bind(&lease)
+                .bind(ask.worker.as_deref())
+                .bind(taken.len() as i64)
+                .bind(lo)
+                .bind(hi)
                 .execute(&mut *tx)
                 .await?;
         }
+        sqlx::query(MOVE_LANE)
+            .bind(parent_id.as_str())
+            .bind(next_floor)
+            .bind(taken.len() as i64)
+            .bind(due)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
-        let mut claim = LaneClaim::from_rows(std::slice::from_ref(ask), &rows)?.remove(0);
-        claim.taken = true;
-        Ok(claim)
+        Ok(LaneClaim::taken_from_rows(std::slice::from_ref(ask), picked)?.remove(0))
     }
 }

@@ -56,9 +56,10 @@ static SQLITE: Dialect = Dialect {
     leased_children: |l| {
         format!(
             "JOIN json_each({l}.sequences) ls JOIN child c ON c.parent_id = {l}.parent_id \
-             AND c.sequence = ls.value AND c.claim_id = {l}.claim_id"
+             AND c.sequence = ls.value AND c.state = 'pending' AND c.available_at IS NULL"
         )
     },
+    lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
     within: sql::within_sqlite,
 };
 

@@ -16,25 +16,65 @@ use crate::store::rows::parse_column;
 use crate::store::{StoreResult, sql};
 
 /// The guarded UPDATE only touches non-terminal rows of decomposed parents:
-/// what it returns is exactly the set of writes that won.
+/// what it returns is exactly the set of writes that won. A child is in
+/// flight when its lane's floor has passed it (migration 0014); the write's
+/// own claim's lease (`h`) says which lease holds it, and only a write for a
+/// child leased by another claim, or by none it names, looks the lease up.
+/// The outcome ends the attempt on the row, as a lease end does.
 static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
+    let leased = sql::leased("ln.floor", "ln.parent_id IS NOT NULL");
+    let lookup = |column: &str| {
+        format!(
+            "CASE WHEN h.claim_id IS NOT NULL THEN h.{column} ELSE {} END",
+            sql::holder(&super::SQLITE, column)
+        )
+    };
+    let view = sql::ClaimView::of(&leased, "h.claim_id");
     format!(
         "UPDATE child AS c SET state = j.outcome, reason = j.reason, result = j.result, terminal_at = {now}, \
-             changed_at = {now}, settled_from = c.state, outcome_attempt = {credited} \
+             changed_at = {now}, settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
+             outcome_attempt = {credited}, attempts = {attempts}, previous_claim_id = {previous}, \
+             claim_id = CASE WHEN {leased} THEN {holder} ELSE c.claim_id END, \
+             claimed_by = CASE WHEN {leased} THEN {worker} ELSE c.claimed_by END, \
+             lease_expires_at = CASE WHEN {leased} THEN {expires} ELSE c.lease_expires_at END, \
+             available_at = NULL \
          FROM (SELECT value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS outcome, \
                       value ->> 3 AS reason, \
                       CASE WHEN json_type(value, '$[4]') = 'null' THEN NULL ELSE value -> 4 END AS result, \
                       value ->> 5 AS claim_id \
                FROM json_each(?1)) AS j \
+             LEFT JOIN lane ln ON ln.parent_id = j.parent_id \
+             LEFT JOIN (SELECT l.claim_id, l.parent_id, l.worker, l.expires_at, s.value AS sequence \
+                        FROM claim_lease l, json_each(l.sequences) s \
+                        WHERE (l.claim_id, l.parent_id) IN ( \
+                            SELECT value ->> 5, value ->> 0 FROM json_each(?1) WHERE value ->> 5 IS NOT NULL)) h \
+                 ON h.claim_id = j.claim_id AND h.parent_id = j.parent_id AND h.sequence = j.sequence \
          WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
-           AND c.state IN ('pending', 'in_flight', 'held') AND {fenced} \
+           AND c.state IN ('pending', 'held') AND {fenced} \
            AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
-         RETURNING parent_id, sequence, state, settled_from",
+         RETURNING parent_id, sequence, state, settled_from, claim_id",
         now = NOW,
-        credited = sql::credited_attempt("j.claim_id"),
-        fenced = sql::fence_admits("j.claim_id")
+        credited = sql::credited_attempt("j.claim_id", &view),
+        fenced = sql::fence_admits("j.claim_id", &view),
+        attempts = view.attempts,
+        previous = view.previous_claim_id,
+        holder = lookup("claim_id"),
+        worker = lookup("worker"),
+        expires = lookup("expires_at")
     )
 });
+
+/// Closes the leases whose last open children just went terminal: JSON
+/// `[[parent_id, claim_id, n], ...]` in `?1`, `n` of each lease's children
+/// recorded. Returns those it closed.
+const CLOSE_LEASES: &str = "DELETE FROM claim_lease WHERE EXISTS ( \
+        SELECT 1 FROM json_each(?1) j WHERE j.value ->> 0 = claim_lease.parent_id \
+          AND j.value ->> 1 = claim_lease.claim_id AND claim_lease.open <= j.value ->> 2) \
+    RETURNING parent_id, claim_id";
+
+/// Counts the children just recorded out of the other leases (see `CLOSE_LEASES`).
+const COUNT_DOWN_LEASES: &str = "UPDATE claim_lease SET open = open - j.value ->> 2 \
+    FROM json_each(?1) AS j WHERE claim_lease.parent_id = j.value ->> 0 AND claim_lease.claim_id = j.value ->> 1";
 
 /// Completes a parent whose last child just went terminal; a row back says
 /// this statement completed it.
@@ -55,7 +95,7 @@ static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
                      'outcome', ?3, 'reason', ?4, 'claim_id', ?5, 'attempt', {attempt}, 'at', {now}))) \
                  ORDER BY key DESC LIMIT {keep}) ORDER BY key)) \
          WHERE c.parent_id = ?1 AND c.sequence = ?2",
-        attempt = sql::attempt_of("?5"),
+        attempt = sql::attempt_of("?5", &sql::conflict_view(&super::SQLITE)),
         now = NOW,
         keep = crate::ledger::outcome::CONFLICTS_KEPT
     )
@@ -66,34 +106,57 @@ impl Outcomes for SqliteStore {
     /// Records the writes that win, and their parents' counters, in one transaction.
     async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
         let mut tx = self.held_tx().await?;
-        let won: Vec<(String, i64, String, String)> = sqlx::query_as(APPLY_OUTCOMES.as_str())
+        let won: Vec<(String, i64, String, String, Option<String>)> = sqlx::query_as(APPLY_OUTCOMES.as_str())
             .bind(outcomes_json(writes))
             .fetch_all(&mut *tx)
             .await?;
         let mut deltas: BTreeMap<&str, Counted> = BTreeMap::new();
-        for (parent_id, _, state, from) in &won {
+        let mut leases: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        for (parent_id, _, state, from, claim_id) in &won {
             let delta = deltas.entry(parent_id.as_str()).or_default();
             match state.as_str() {
                 "processed" => delta.processed += 1,
                 "failed" => delta.failed += 1,
                 _ => delta.skipped += 1,
             }
-            match from.as_str() {
-                "in_flight" => delta.from_in_flight += 1,
-                "held" => delta.from_held += 1,
+            match (from.as_str(), claim_id) {
+                ("in_flight", Some(claim_id)) => {
+                    delta.from_in_flight += 1;
+                    *leases.entry((parent_id.as_str(), claim_id.as_str())).or_default() += 1;
+                }
+                ("in_flight", None) => delta.from_in_flight += 1,
+                ("held", _) => delta.from_held += 1,
                 _ => {}
             }
         }
+        count_down_leases(&mut tx, &leases).await?;
         let completed = bump_parents(&mut tx, &deltas).await?;
         tx.commit().await?;
         Ok(Applied {
             won: won
                 .into_iter()
-                .map(|(parent_id, sequence, _, _)| (ParentId::from_ledger(parent_id), sequence))
+                .map(|(parent_id, sequence, _, _, _)| (ParentId::from_ledger(parent_id), sequence))
                 .collect(),
             completed,
         })
     }
+}
+
+/// Takes the children just recorded out of their leases: `recorded` by
+/// `(parent, claim)`. A lease whose last open child this was goes (the
+/// usual case: a worker records a claim's children in one batch); the rest
+/// count down.
+async fn count_down_leases(tx: &mut SqliteTx, recorded: &BTreeMap<(&str, &str), i64>) -> StoreResult<()> {
+    if recorded.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<(&str, &str, i64)> = recorded.iter().map(|((p, c), n)| (*p, *c, *n)).collect();
+    let json = serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned());
+    let closed: Vec<(String, String)> = sqlx::query_as(CLOSE_LEASES).bind(&json).fetch_all(&mut **tx).await?;
+    if closed.len() < rows.len() {
+        sqlx::query(COUNT_DOWN_LEASES).bind(&json).execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// A parent's children that went terminal in one statement: by outcome, and
@@ -149,6 +212,7 @@ impl LoserWrites for SqliteTx {
             .map(|w| (w.parent_id.as_str(), w.sequence, w.claim_id.map(|c| c.to_string())))
             .collect();
         let rows: Vec<(i64, Option<bool>, Option<String>, bool)> = sqlx::query_as(AssertSqlSafe(sql::loser_facts(
+            &super::SQLITE,
             "(SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 2 AS claim_id \
           FROM json_each($1)) AS u",
         )))

@@ -9,7 +9,7 @@ use sqlx::AssertSqlSafe;
 use super::{NOW, SqliteTx};
 use crate::ledger::{NewChild, ParentId};
 use crate::store::backend::{ChildChunk, ChildWrites, Inserted, Settled};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{StoreError, StoreResult, sql};
 
 /// Children as one compact JSON array of `[sequence, key, payload, skip]`, so a
 /// whole chunk is written by one statement reading `json_each`.
@@ -67,16 +67,29 @@ impl ChildWrites for SqliteTx {
     /// `UPDATE ... RETURNING` inside a counting query.
     async fn skip_open_children(&mut self, parent_id: &ParentId, reason: &str) -> StoreResult<Settled> {
         static SQL: LazyLock<String> = LazyLock::new(|| {
+            let leased = sql::leased(
+                "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
+                "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
+            );
+            let view = sql::ClaimView::of(&leased, &sql::holder(&super::SQLITE, "claim_id"));
             format!(
-                "UPDATE child SET state = 'skipped', reason = ?2, terminal_at = {NOW}, changed_at = {NOW}, \
-                     settled_from = state \
-                 WHERE parent_id = ?1 AND state IN ('pending', 'in_flight', 'held') RETURNING settled_from"
+                "UPDATE child AS c SET state = 'skipped', reason = ?2, terminal_at = {NOW}, changed_at = {NOW}, \
+                     settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
+                     attempts = {attempts}, claim_id = {claim}, previous_claim_id = {previous}, available_at = NULL \
+                 WHERE c.parent_id = ?1 AND c.state IN ('pending', 'held') RETURNING settled_from",
+                attempts = view.attempts,
+                claim = view.claim_id,
+                previous = view.previous_claim_id
             )
         });
         let from: Vec<String> = sqlx::query_scalar(SQL.as_str())
             .bind(parent_id.as_str())
             .bind(reason)
             .fetch_all(&mut **self)
+            .await?;
+        sqlx::query("DELETE FROM claim_lease WHERE parent_id = ?1")
+            .bind(parent_id.as_str())
+            .execute(&mut **self)
             .await?;
         let count = |state: &str| from.iter().filter(|s| *s == state).count() as i64;
         Ok(Settled {

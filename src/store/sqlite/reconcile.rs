@@ -24,13 +24,14 @@ impl Reconcile for SqliteStore {
                      AS rows_failed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'skipped') \
                      AS rows_skipped, \
-                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'in_flight') \
+                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND {leased}) \
                      AS rows_in_flight, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'held') AS rows_held \
              FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id WHERE p.position > ?1 AND (?2 IS NULL OR p.queue = ?2) AND {within} \
              ORDER BY p.position LIMIT ?3",
                 within = sql::within_sqlite("?4"),
-                columns = reconcile::drift_columns()
+                columns = reconcile::drift_columns(),
+                leased = sql::leased("l.floor", "l.parent_id IS NOT NULL")
             )
         });
         let mut conn = self.held_read().await?;
