@@ -59,9 +59,12 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// looking each one up.
 ///
 /// A child is in flight when its lane's floor has passed it (migration
-/// 0014); the write's own claim's lease (`held`, hashed against the input)
-/// says which lease holds it, and only a write for a child leased by
-/// another claim, or by none it names, looks the lease up. The outcome
+/// 0014); the write's own claim's lease (`held`: the batch's claims' lease
+/// rows of this parent, read and unpacked once) says which lease holds it,
+/// by its range alone when the lease holds every sequence in it (a claim
+/// from the floor up usually does), and only a write for a child leased by
+/// another claim, or by none it names, looks the lease up. A write past the
+/// floor (`racing`) is the only one that reads its child twice. The outcome
 /// ends the attempt on the row (as a lease end does) and takes the child
 /// out of its lease, which goes once it holds nothing.
 ///
@@ -92,12 +95,16 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
                  AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
          ln AS (SELECT floor FROM lane WHERE parent_id = $7), \
-         held AS ( \
-             SELECT l.claim_id, l.worker, l.expires_at, s.sequence FROM claim_lease l, unnest(l.sequences) AS s(sequence) \
-             WHERE l.parent_id = $7 AND l.claim_id IN (SELECT claim_id FROM input)), \
+         held AS MATERIALIZED ( \
+             SELECT l.claim_id, l.worker, l.expires_at, l.lo, l.hi, s.sequences, \
+                 cardinality(s.sequences) = l.hi - l.lo + 1 AS dense \
+             FROM claim_lease l, LATERAL (SELECT l.sequences || '{{}}'::bigint[] AS sequences) s \
+             WHERE l.parent_id = $7 AND l.claim_id = ANY ($6::uuid[])), \
          racing AS ( \
-             SELECT 1 FROM input u JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence \
-             WHERE NOT $8 AND c.state = 'pending' AND c.available_at IS NULL AND c.sequence >= (SELECT floor FROM ln) \
+             SELECT 1 FROM input u \
+             WHERE NOT $8 AND u.sequence >= (SELECT floor FROM ln) AND EXISTS ( \
+                 SELECT 1 FROM child c WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
+                   AND c.state = 'pending' AND c.available_at IS NULL) \
              LIMIT 1), \
          applied AS ( \
              UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::json, \
@@ -111,7 +118,8 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  lease_expires_at = CASE WHEN {leased} THEN {expires} ELSE c.lease_expires_at END, \
                  available_at = NULL \
              FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
-                 LEFT JOIN held h ON h.claim_id = u.claim_id AND h.sequence = u.sequence \
+                 LEFT JOIN held h ON h.claim_id = u.claim_id AND u.sequence BETWEEN h.lo AND h.hi \
+                     AND (h.dense OR u.sequence = ANY (h.sequences)) \
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                AND c.state IN ('pending', 'held') AND {fenced} AND NOT EXISTS (SELECT 1 FROM racing) \
              RETURNING c.parent_id, c.sequence, c.state, c.settled_from, c.claim_id), \
