@@ -290,6 +290,16 @@ pub enum OutcomeStatus {
 }
 
 impl OutcomeStatus {
+    /// Every status, in the order the metrics list them.
+    pub const ALL: [OutcomeStatus; 6] = [
+        Self::Applied,
+        Self::Duplicate,
+        Self::Conflict,
+        Self::ClaimMismatch,
+        Self::NotFound,
+        Self::NotDecomposed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Applied => "applied",
