@@ -9,6 +9,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod jobs;
 pub mod ledger;
 pub mod limits;

@@ -123,6 +123,8 @@ pub struct Metrics {
     webhook_deliveries: Family<StatusWord, Counter>,
     webhook_backlog: Gauge,
     pruned: Counter,
+    event_streams: Gauge,
+    event_reads: Counter,
 }
 
 /// A webhook attempt's result: `delivered`, `retrying` or `failed` (given up).
@@ -239,6 +241,18 @@ impl Metrics {
             "Completion events neither delivered nor given up, as this process's webhook sender last counted them",
             Gauge::clone(&webhook_backlog),
         );
+        let event_streams = Gauge::default();
+        registry.register(
+            "child_ledger_event_streams",
+            "Event streams (GET .../events) open in this process now",
+            Gauge::clone(&event_streams),
+        );
+        let event_reads = Counter::default();
+        registry.register(
+            "child_ledger_event_stream_reads",
+            "Statements the event hub ran for this process's streams (one per tick for every stream of a subject)",
+            Counter::clone(&event_reads),
+        );
         Self {
             registry,
             requests,
@@ -251,6 +265,8 @@ impl Metrics {
             webhook_deliveries,
             webhook_backlog,
             pruned,
+            event_streams,
+            event_reads,
         }
     }
 
@@ -317,6 +333,16 @@ impl Metrics {
     /// The outbox backlog the webhook sender counted.
     pub fn webhook_backlog(&self, events: i64) {
         self.webhook_backlog.set(events);
+    }
+
+    /// How many event streams are open now.
+    pub fn event_streams(&self, open: usize) {
+        self.event_streams.set(open as i64);
+    }
+
+    /// Statements the event hub ran.
+    pub fn event_reads(&self, statements: u64) {
+        self.event_reads.inc_by(statements);
     }
 
     /// Prometheus text exposition format 0.0.4 ([`CONTENT_TYPE`]).

@@ -2,6 +2,7 @@
 
 pub mod allow_hosts;
 pub mod budget;
+pub mod events;
 pub mod fingerprint;
 pub mod ids;
 pub mod model;
@@ -12,6 +13,7 @@ pub mod state;
 pub mod webhook;
 pub mod work;
 
+pub use events::Changes;
 pub use ids::{ParentId, QueueName, idempotency_key};
 pub use model::*;
 pub use scope::QueueScope;

@@ -427,7 +427,7 @@ impl ReconcileJob {
 
 /// A queue's summary for dashboards (`GET /v1/queues`): what its parents hold,
 /// read from their projections, so the cost does not grow with its children.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Queue {
     pub queue: QueueName,
     /// Whether the queue is paused (`POST /v1/queues/{queue}/pause`): its

@@ -115,6 +115,8 @@ fn families_keep_their_names_types_and_help() {
             "# TYPE child_ledger_pruned_total counter",
             "# TYPE child_ledger_webhook_deliveries_total counter",
             "# TYPE child_ledger_webhook_outbox_backlog gauge",
+            "# TYPE child_ledger_event_streams gauge",
+            "# TYPE child_ledger_event_stream_reads_total counter",
             "# TYPE child_ledger_leases_expired_total counter",
             "# TYPE child_ledger_parents_completed_total counter",
             "# TYPE child_ledger_waiting_claims gauge",

@@ -3,7 +3,7 @@
 
 use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult};
-use crate::ledger::{ParentId, QueueName, QueueScope, Work};
+use crate::ledger::{Changes, ParentId, QueueName, QueueScope, Work};
 
 /// Children a pruner's transaction deletes at most.
 const PRUNE_BATCH: i64 = 5_000;
@@ -58,6 +58,9 @@ impl Store {
             Statement::new(RESUME_QUEUE)
         };
         let changed = self.db.execute(statement.text(queue.as_str())).await? == 1;
+        if changed {
+            self.signal_change(Changes::of_pause(queue.clone()));
+        }
         if changed && !paused {
             let pending = self
                 .queues(Some(queue), &QueueScope::every())
@@ -123,6 +126,9 @@ impl Store {
             .execute(Statement::new(DELETE_PARENT).text(parent_id.as_str()))
             .await?;
         tx.commit().await?;
+        if deleted == 1 {
+            self.parents_changed([parent_id]);
+        }
         self.child_bytes
             .lock()
             .unwrap_or_else(|p| p.into_inner())

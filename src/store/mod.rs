@@ -14,6 +14,7 @@ mod children;
 mod claims;
 mod combine;
 mod error;
+mod events;
 mod lifecycle;
 mod outcomes;
 mod parents;
@@ -53,7 +54,7 @@ pub use parents::{ParentFilter, ParentHas, ParentPage};
 /// workers, `$5` lease seconds; the queue's lanes bind `$1` queue, `$2` how many.
 pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
 pub use reconcile_jobs::{JobLease, JobStep};
-pub use signals::WorkListener;
+pub use signals::{Heard, WorkListener};
 pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};
 
 /// How many children one bulk statement writes or compares: a 100,000-child

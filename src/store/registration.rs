@@ -8,7 +8,7 @@ use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult, WRITE_CHUNK, sql};
 use crate::ledger::budget::largest_payload;
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT, Tally};
-use crate::ledger::{Appended, NewChild, Parent, ParentId, Registration, Work};
+use crate::ledger::{Appended, Changes, NewChild, Parent, ParentId, Registration, Work};
 
 /// How many differing sequences an append conflict names at most.
 const DIFFERING_REPORTED: usize = 100;
@@ -137,6 +137,7 @@ impl Store {
         self.commit_completing(tx, completed).await?;
         self.db.after_bulk_write(inserted.rows as i64).await?;
         let parent = self.parent(parent_id, false).await?;
+        self.signal_change(Changes::of_parent_in(parent_id.clone(), parent.queue.clone()));
         self.signal_work(Work::of_registered(&parent));
         Ok((true, parent))
     }
@@ -174,6 +175,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
+        self.parents_changed([parent_id]);
         self.db.after_bulk_write(inserted.rows as i64).await?;
         Ok(Appended {
             inserted: inserted.rows,
@@ -221,6 +223,7 @@ impl Store {
         self.commit_completing(tx, completed).await?;
         let parent = self.parent(parent_id, false).await?;
         if !decomposed {
+            self.signal_change(Changes::of_parent_in(parent_id.clone(), parent.queue.clone()));
             self.signal_work(Work::of_registered(&parent));
         }
         Ok(parent)

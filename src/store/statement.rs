@@ -112,6 +112,8 @@ pub(crate) struct Dialect {
     pub leased_children: fn(alias: &str) -> String,
     /// Whether claim lease `lease`'s list names child `sequence`.
     pub lease_holds: fn(lease: &str, sequence: &str) -> String,
+    /// A subquery of the texts of JSON array text `param` (`x IN (...)`).
+    pub json_texts: fn(param: &str) -> String,
     /// `QueueScope::allows` for parent `p`'s queue, the scope bound as
     /// `QueueScope::as_json` text `param` (`sql::within_postgres`, `within_sqlite`).
     pub within: fn(param: &str) -> String,

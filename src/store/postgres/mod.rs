@@ -47,6 +47,7 @@ static POSTGRES: Dialect = Dialect {
         )
     },
     lease_holds: |l, sequence| format!("{sequence} = ANY ({l}.sequences)"),
+    json_texts: |p| format!("SELECT json_array_elements_text({p}::json)"),
     within: sql::within_postgres,
 };
 

@@ -60,6 +60,7 @@ static SQLITE: Dialect = Dialect {
         )
     },
     lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
+    json_texts: |p| format!("SELECT value FROM json_each({p})"),
     within: sql::within_sqlite,
 };
 
