@@ -10,6 +10,7 @@ pub mod outcome;
 pub mod projection;
 pub mod scope;
 pub mod state;
+pub mod trace;
 pub mod webhook;
 pub mod work;
 

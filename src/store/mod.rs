@@ -29,6 +29,7 @@ mod signals;
 mod sql;
 mod sqlite;
 mod statement;
+mod traces;
 mod webhooks;
 
 use std::sync::Arc;
@@ -110,6 +111,8 @@ pub struct Store {
     /// Decomposed parents' largest payloads, which no longer change (see
     /// `claims::child_bytes`).
     child_bytes: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, Option<i64>>>>,
+    /// Decomposed parents' kept trace contexts (see `traces`).
+    traces: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, traces::ParentTrace>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -200,6 +203,7 @@ impl Store {
             lane_claims: Arc::new(combine::Combiner::new(1)),
             outcome_batches: Arc::new(combine::Combiner::new(2)),
             child_bytes: Arc::default(),
+            traces: Arc::default(),
         })
     }
 

@@ -126,6 +126,14 @@ impl Store {
         };
         let completed = row.bool("completed")?;
         let inserted = insert_children(&mut *tx, parent_id, &registration.children, false).await?;
+        super::traces::keep(
+            &mut *tx,
+            self,
+            parent_id,
+            registration.traceparent.as_deref(),
+            &registration.children,
+        )
+        .await?;
         if registration.decomposed {
             tx.execute(Statement::new(OPEN_LANE).text(parent_id.as_str())).await?;
         }
@@ -166,6 +174,7 @@ impl Store {
                 sequences: differing,
             });
         }
+        super::traces::keep(&mut *tx, self, parent_id, None, children).await?;
         tx.execute(
             Statement::new(COUNT_APPENDED)
                 .text(parent_id.as_str())
