@@ -327,18 +327,46 @@ pub enum LogFormat {
 impl LogFormat {
     /// Installs the log subscriber: this format, the `RUST_LOG` filter
     /// (default `info`), written to stdout, in colour only when that is a
-    /// terminal (a log file or a pipe gets no escape codes).
-    pub fn init_tracing(self) {
+    /// terminal (a log file or a pipe gets no escape codes). With the
+    /// standard `OTEL_*` variables asking for it, spans are exported over
+    /// OTLP too (`telemetry`); the exporter is returned, to flush at exit.
+    pub fn init_tracing(self) -> Option<crate::telemetry::Exporter> {
         use std::io::IsTerminal;
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::stdout().is_terminal());
-        match self {
-            LogFormat::Text => builder.init(),
-            LogFormat::Json => builder.json().init(),
+        let fmt = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
+        type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+        let mut layers: Vec<Boxed> = vec![match self {
+            LogFormat::Text => fmt.with_filter(filter).boxed(),
+            LogFormat::Json => fmt.json().with_filter(filter).boxed(),
+        }];
+        let exporter = match crate::telemetry::wanted().then(crate::telemetry::exporter) {
+            Some(Ok((exporter, tracer))) => {
+                // Every span, the statements' (trace level) too: a per-layer
+                // filter here left spans made in some handlers out of the
+                // export (tracing-opentelemetry could not give their context).
+                // Started when first needed, not when entered: a request span is named
+                // after its route once routing knows it (`api::guard`).
+                let layer = tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_context_activation(false);
+                layers.push(layer.boxed());
+                Some(exporter)
+            }
+            Some(Err(err)) => {
+                eprintln!("OpenTelemetry export not started: {err}");
+                None
+            }
+            None => None,
+        };
+        tracing_subscriber::registry().with(layers).init();
+        if exporter.is_some() {
+            tracing::info!("exporting traces over OTLP (OTEL_* variables)");
         }
+        exporter
     }
 }
 

@@ -69,6 +69,8 @@ pub enum ApiError {
         "{0} long-poll claims are already waiting here; retry after Retry-After seconds, or claim without wait_seconds"
     )]
     TooManyWaiting(usize),
+    #[error("{0} event streams are already open here; retry after Retry-After seconds, or poll")]
+    TooManyStreams(usize),
     #[error("{0} did not finish within the request timeout")]
     TimedOut(String),
     /// The service is still reaching its database (or migrating it).
@@ -121,7 +123,7 @@ impl ApiError {
             | Self::ClaimMismatch(_)
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting => StatusCode::SERVICE_UNAVAILABLE,
-            Self::TooManyWaiting(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooManyWaiting(_) | Self::TooManyStreams(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Http { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -154,6 +156,7 @@ impl ApiError {
             Self::Unavailable(_) | Self::Starting => "database-unavailable",
             Self::TimedOut(_) => "request-timeout",
             Self::TooManyWaiting(_) => "too-many-waiting-claims",
+            Self::TooManyStreams(_) => "too-many-event-streams",
             Self::Http { .. } => "http-error",
             Self::Internal(_) => "internal",
         }
@@ -184,6 +187,7 @@ impl ApiError {
             Self::Unavailable(_) | Self::Starting => "Database unavailable",
             Self::TimedOut(_) => "Request timed out",
             Self::TooManyWaiting(_) => "Too many waiting claims",
+            Self::TooManyStreams(_) => "Too many event streams",
             Self::Http { status, .. } => status.canonical_reason().unwrap_or("Error"),
             Self::Internal(_) => "Internal error",
         }

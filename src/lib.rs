@@ -9,6 +9,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod jobs;
 pub mod ledger;
 pub mod limits;
@@ -17,6 +18,7 @@ pub mod server;
 pub mod startup;
 mod state;
 pub mod store;
+pub mod telemetry;
 pub mod waiters;
 
 use std::time::Duration;
@@ -33,14 +35,34 @@ pub use api::REQUEST_ID;
 /// The whole service as a router, each request answered within
 /// `request_timeout` (`startup` serves it, in `main` and in the tests).
 pub fn app(state: AppState, request_timeout: Duration) -> Router {
-    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
-        let id = request
-            .extensions()
-            .get::<RequestId>()
-            .and_then(|id| id.header_value().to_str().ok())
-            .unwrap_or("-");
-        tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
-    });
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|request: &Request<_>| {
+            let id = request
+                .extensions()
+                .get::<RequestId>()
+                .and_then(|id| id.header_value().to_str().ok())
+                .unwrap_or("-");
+            let span = tracing::info_span!(
+                "request",
+                method = %request.method(),
+                path = %request.uri().path(),
+                request_id = %id,
+                otel.name = tracing::field::Empty,
+                otel.kind = "server",
+                http.request.method = %request.method(),
+                http.route = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+                parent_id = tracing::field::Empty,
+                queue = tracing::field::Empty,
+            );
+            telemetry::join_caller(&span, request.headers());
+            span
+        })
+        .on_response(
+            |response: &axum::http::Response<_>, _latency: Duration, span: &tracing::Span| {
+                span.record("http.response.status_code", response.status().as_u16());
+            },
+        );
     api::router(state, request_timeout)
         .layer(trace)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))

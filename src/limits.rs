@@ -49,6 +49,10 @@ pub struct Limits {
     /// Most long-poll claims waiting at once in this process; beyond, 429 with Retry-After.
     #[arg(long, env = "LEDGER_MAX_WAITING_CLAIMS", default_value_t = 1000)]
     pub max_waiting_claims: usize,
+    /// Most event streams (`GET .../events`) open at once in this process;
+    /// beyond, 429 with Retry-After.
+    #[arg(long, env = "LEDGER_MAX_EVENT_STREAMS", default_value_t = 2000)]
+    pub max_event_streams: usize,
     /// Largest outcome `result`, in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024)]
     pub max_result_bytes: usize,
@@ -104,6 +108,7 @@ impl Default for Limits {
             max_response_bytes: 16 * 1024 * 1024,
             max_metric_queues: crate::metrics::DEFAULT_MAX_QUEUES,
             max_waiting_claims: 1000,
+            max_event_streams: 2000,
             max_bulk_bodies: 4,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,

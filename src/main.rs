@@ -80,7 +80,16 @@ async fn reload_tokens_on_sighup(access: Arc<Access>, mut hangups: tokio::signal
 
 /// Serves HTTP until SIGTERM (see `startup`).
 async fn serve(config: Config) -> anyhow::Result<()> {
-    config.log_format.init_tracing();
+    let exporter = config.log_format.init_tracing();
+    let served = serve_logged(config).await;
+    if let Some(exporter) = exporter {
+        // The batch exporter's thread blocks: not on the runtime's.
+        let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+    }
+    served
+}
+
+async fn serve_logged(config: Config) -> anyhow::Result<()> {
     let access = Arc::new(access_of(&config)?);
     // Installed before anything else waits, so a SIGHUP never ends the process.
     #[cfg(unix)]

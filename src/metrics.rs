@@ -18,6 +18,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::ledger::{Outcome, OutcomeStatus};
 use crate::store::PoolStats;
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text
@@ -29,6 +30,16 @@ pub const DEFAULT_MAX_QUEUES: usize = 100;
 
 /// The queue label of every queue past the first `max_queues`.
 const OTHER_QUEUES: &str = "other";
+
+/// Why access control refused a request: the `reason` label's whole set.
+const AUTH_FAILURE_REASONS: [&str; 6] = [
+    "missing",
+    "malformed",
+    "repeated",
+    "unknown",
+    "forbidden",
+    "outside_queues",
+];
 
 /// Upper bounds (seconds) of the request duration histogram's buckets.
 const BUCKETS: [f64; 14] = [
@@ -112,6 +123,8 @@ pub struct Metrics {
     webhook_deliveries: Family<StatusWord, Counter>,
     webhook_backlog: Gauge,
     pruned: Counter,
+    event_streams: Gauge,
+    event_reads: Counter,
 }
 
 /// A webhook attempt's result: `delivered`, `retrying` or `failed` (given up).
@@ -172,19 +185,36 @@ impl Metrics {
             "Time from request to response, by method and route template",
             durations.clone(),
         );
-        let claimed = Family::default();
+        // Every series an alert's `rate()` may name exists from the first
+        // scrape, at 0 (an absent series reads as "no data", not as none):
+        // `other` at once, each queue as soon as a scrape lists it.
+        let claimed = Family::<QueueLabel, Counter>::default();
+        let _ = claimed.get_or_create(&QueueLabel {
+            queue: OTHER_QUEUES.to_owned(),
+        });
         registry.register(
             "child_ledger_children_claimed",
             "Children handed out by claims, by the queue of their parent",
             Family::clone(&claimed),
         );
-        let outcomes = Family::default();
+        let outcomes = Family::<OutcomeLabels, Counter>::default();
+        for outcome in Outcome::ALL {
+            for status in OutcomeStatus::ALL {
+                let _ = outcomes.get_or_create(&OutcomeLabels {
+                    outcome: outcome.as_str(),
+                    status: status.as_str(),
+                });
+            }
+        }
         registry.register(
             "child_ledger_outcomes",
             "Outcome writes, by outcome and by what became of them (applied, duplicate, conflict, claim_mismatch, not_found, not_decomposed)",
             Family::clone(&outcomes),
         );
-        let auth_failures = Family::default();
+        let auth_failures = Family::<ReasonLabel, Counter>::default();
+        for reason in AUTH_FAILURE_REASONS {
+            let _ = auth_failures.get_or_create(&ReasonLabel { reason });
+        }
         registry.register(
             "child_ledger_auth_failures",
             "Requests refused by access control, by reason (missing, malformed, repeated, unknown, forbidden, outside_queues)",
@@ -196,7 +226,10 @@ impl Metrics {
             "Complete parents this process deleted with their children (retention pruner, DELETE /v1/parents/{id})",
             Counter::clone(&pruned),
         );
-        let webhook_deliveries = Family::default();
+        let webhook_deliveries = Family::<StatusWord, Counter>::default();
+        for status in ["delivered", "retrying", "failed"] {
+            let _ = webhook_deliveries.get_or_create(&StatusWord { status });
+        }
         registry.register(
             "child_ledger_webhook_deliveries",
             "Completion webhook attempts by this process, by what came of them (delivered, retrying, failed: given up)",
@@ -207,6 +240,18 @@ impl Metrics {
             "child_ledger_webhook_outbox_backlog",
             "Completion events neither delivered nor given up, as this process's webhook sender last counted them",
             Gauge::clone(&webhook_backlog),
+        );
+        let event_streams = Gauge::default();
+        registry.register(
+            "child_ledger_event_streams",
+            "Event streams (GET .../events) open in this process now",
+            Gauge::clone(&event_streams),
+        );
+        let event_reads = Counter::default();
+        registry.register(
+            "child_ledger_event_stream_reads",
+            "Statements the event hub ran for this process's streams (one per tick for every stream of a subject)",
+            Counter::clone(&event_reads),
         );
         Self {
             registry,
@@ -220,6 +265,8 @@ impl Metrics {
             webhook_deliveries,
             webhook_backlog,
             pruned,
+            event_streams,
+            event_reads,
         }
     }
 
@@ -230,22 +277,36 @@ impl Metrics {
         if children == 0 {
             return;
         }
-        let label = {
-            let mut seen = lock(&self.claimed_queues);
-            if seen.contains(queue) {
-                queue
-            } else if seen.len() < self.max_queues {
-                seen.insert(queue.to_owned());
-                queue
-            } else {
-                OTHER_QUEUES
-            }
-        };
         self.claimed
-            .get_or_create(&QueueLabel {
-                queue: label.to_owned(),
-            })
+            .get_or_create(&self.claimed_label(queue))
             .inc_by(children as u64);
+    }
+
+    /// The label `queue` is counted under: its own while fewer than
+    /// `max_queues` have one, `other` past them.
+    fn claimed_label(&self, queue: &str) -> QueueLabel {
+        let mut seen = lock(&self.claimed_queues);
+        let label = if seen.contains(queue) {
+            queue
+        } else if seen.len() < self.max_queues {
+            seen.insert(queue.to_owned());
+            queue
+        } else {
+            OTHER_QUEUES
+        };
+        QueueLabel {
+            queue: label.to_owned(),
+        }
+    }
+
+    /// Gives every queue the store lists a claimed series (at 0 until its
+    /// first claim), so `rate()` over it reads 0 rather than "no data".
+    fn known_queues(&self, queues: &[QueueGauge]) {
+        let mut names: Vec<&str> = queues.iter().map(|q| q.queue.as_str()).collect();
+        names.sort_unstable();
+        for queue in names.into_iter().take(self.max_queues) {
+            let _ = self.claimed.get_or_create(&self.claimed_label(queue));
+        }
     }
 
     /// One outcome write and what became of it (`applied`, `duplicate`, ...).
@@ -274,6 +335,16 @@ impl Metrics {
         self.webhook_backlog.set(events);
     }
 
+    /// How many event streams are open now.
+    pub fn event_streams(&self, open: usize) {
+        self.event_streams.set(open as i64);
+    }
+
+    /// Statements the event hub ran.
+    pub fn event_reads(&self, statements: u64) {
+        self.event_reads.inc_by(statements);
+    }
+
     /// Prometheus text exposition format 0.0.4 ([`CONTENT_TYPE`]).
     /// `leases_expired` is the store's count of children whose lease ran out
     /// and were swept back to pending (or held, or failed) by this process;
@@ -289,6 +360,7 @@ impl Metrics {
         claims: WaitingClaims,
         queues: &[QueueGauge],
     ) -> String {
+        self.known_queues(queues);
         let mut scrape = Registry::default();
         scrape.register(
             "child_ledger_leases_expired",
@@ -351,6 +423,7 @@ impl Metrics {
     /// series add up every tenant's work (requests, outcomes, pools, ...),
     /// so they are left out.
     pub fn render_queues(&self, queues: &[QueueGauge], reaches: &dyn Fn(&str) -> bool) -> String {
+        self.known_queues(queues);
         let mut scrape = Registry::default();
         let claimed = Family::<QueueLabel, Counter>::default();
         let seen: Vec<String> = lock(&self.claimed_queues).iter().cloned().collect();

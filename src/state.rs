@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::access::Access;
+use crate::events::EventHub;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -23,6 +24,9 @@ pub struct AppState {
     /// This process among the replicas (the store's id of it).
     pub replica: u64,
     pub metrics: Arc<Metrics>,
+    /// What this process's event streams watch, read once for all of them;
+    /// the store's change signals mark what to read.
+    pub events: Arc<EventHub>,
     /// Turns for bulk bodies over 1 MiB being read and handled at once
     /// (`--max-bulk-bodies`).
     pub bulk_bodies: Arc<tokio::sync::Semaphore>,
@@ -43,6 +47,13 @@ impl AppState {
         store.on_work(move |work| {
             woken.wake(work);
         });
+        let events = EventHub::new(store.clone(), Arc::clone(&metrics), limits.max_event_streams);
+        let hub = Arc::downgrade(&events);
+        store.on_change(move |changes| {
+            if let Some(hub) = hub.upgrade() {
+                hub.changed(changes);
+            }
+        });
         Self {
             replica: store.replica(),
             store,
@@ -50,6 +61,7 @@ impl AppState {
             access: Arc::new(Access::open()),
             waiters,
             metrics,
+            events,
             waiting_claims: Arc::default(),
             bulk_bodies,
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),

@@ -242,6 +242,20 @@ async fn every_operation_against_every_caller(backend: Backend) {
 
     for (n, name, token) in allowed {
         let operation = &operations[n];
+        if operation.template.ends_with("/events") {
+            // An event stream answers its head and goes on: read no body.
+            let mut request = app.client.get(format!("{}{}", app.base, operation.path));
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let status = request.send().await.expect("answered").status();
+            assert!(
+                status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN && !status.is_server_error(),
+                "GET {} as {name}: {status}",
+                operation.path
+            );
+            continue;
+        }
         let r = app
             .request_as(token, operation.method.clone(), &operation.path, operation.body.clone())
             .await;

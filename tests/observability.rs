@@ -358,7 +358,27 @@ async fn completions_are_counted_once(backend: Backend) {
     );
 }
 
+/// A fresh service's first scrape has the claim and outcome counters at 0:
+/// `rate()` over them reads 0, not "no data", before the first claim.
+async fn counters_exist_from_the_first_scrape(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let r = app
+        .put("/v1/parents/Z-1", json!({"queue": "zero", "children": children(1)}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let text = app.get("/metrics").await.body.as_str().unwrap().to_owned();
+    for series in [
+        "child_ledger_outcomes_total{outcome=\"processed\",status=\"applied\"}",
+        "child_ledger_outcomes_total{outcome=\"failed\",status=\"conflict\"}",
+        "child_ledger_children_claimed_total{queue=\"zero\"}",
+        "child_ledger_children_claimed_total{queue=\"other\"}",
+    ] {
+        assert_eq!(expect_sample(&text, series), 0.0, "{text}");
+    }
+}
+
 both_stores!(
+    counters_exist_from_the_first_scrape,
     metrics_count_what_happened,
     completions_are_counted_once,
     every_response_carries_a_request_id,

@@ -493,7 +493,68 @@ async fn sigterm_ends_long_polls_promptly(backend: Backend) {
     );
 }
 
+/// Open event streams end cleanly at SIGTERM (the body ends, no reset), so
+/// the process exits at once instead of waiting out the grace period.
+async fn sigterm_ends_event_streams_cleanly(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let mut service = start(&db, "shutdown-streams").await;
+    let base = service.base.clone();
+    let http = client();
+    expect(
+        &http,
+        reqwest::Method::PUT,
+        &format!("{base}/v1/parents/sd-stream"),
+        Some(json!({"queue": "sd-stream", "children": children(1)})),
+        StatusCode::CREATED,
+    )
+    .await;
+    let watch = |path: String| {
+        let http = http.clone();
+        tokio::spawn(async move {
+            let response = http.get(path).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            let mut body = response.bytes_stream();
+            let mut text = String::new();
+            let mut clean = true;
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(bytes) => text.push_str(&String::from_utf8_lossy(&bytes)),
+                    Err(_) => {
+                        clean = false;
+                        break;
+                    }
+                }
+            }
+            (text, clean, Instant::now())
+        })
+    };
+    let streams = [
+        watch(format!("{base}/v1/parents/sd-stream/events")),
+        watch(format!("{base}/v1/queues/sd-stream/events")),
+    ];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let signalled = Instant::now();
+    let status = service.terminate(EXIT_BOUND).await;
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let exited_after = signalled.elapsed();
+    for stream in streams {
+        let (text, clean, ended) = stream.await.unwrap();
+        assert!(text.contains("event: snapshot"), "{text}");
+        assert!(clean, "the stream was cut, not ended: {text}");
+        assert!(
+            ended - signalled < Duration::from_secs(3),
+            "a stream outlived SIGTERM by {:?}",
+            ended - signalled
+        );
+    }
+    assert!(
+        exited_after < Duration::from_secs(5),
+        "exited {exited_after:?} after SIGTERM"
+    );
+}
+
 both_stores!(
     sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes,
     sigterm_ends_long_polls_promptly,
+    sigterm_ends_event_streams_cleanly,
 );

@@ -140,7 +140,9 @@ async fn claim(
             if let Some(queue) = &claimed.queue {
                 state.metrics.claimed(queue.as_str(), claimed.claim.children.len());
             }
-            return Ok(Json(claimed.claim));
+            let mut claim = claimed.claim;
+            trace_each_child(&mut claim, request.worker.as_deref());
+            return Ok(Json(claim));
         }
         let Some((_, place)) = &mut waiting else {
             // A bounded crowd waits: past `--max-waiting-claims`, come back later.
@@ -392,4 +394,32 @@ async fn release_claim(
         .release(claim_id, children.as_deref(), delay_seconds)
         .await?;
     Ok(Json(Released { released }))
+}
+
+/// With trace export on, each child that carries a trace context gets a
+/// span of this claim in its own trace (one per child, not one per batch),
+/// and is handed that span's context: the worker's span of the child nests
+/// under it. Without export, the kept context is handed back as it is.
+fn trace_each_child(claim: &mut Claim, worker: Option<&str>) {
+    if !crate::telemetry::exporting() {
+        return;
+    }
+    let claim_id = claim.claim_id;
+    for child in &mut claim.children {
+        let Some(kept) = child.traceparent.as_deref() else {
+            continue;
+        };
+        let handed = crate::telemetry::span_under(kept, || {
+            tracing::info_span!(
+                "child claimed",
+                otel.name = "child claimed",
+                parent_id = %child.parent_id,
+                sequence = child.sequence,
+                attempt = child.attempt,
+                claim_id = %claim_id,
+                worker = worker.unwrap_or(""),
+            )
+        });
+        child.traceparent = Some(handed);
+    }
 }

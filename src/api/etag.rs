@@ -18,7 +18,7 @@ pub async fn etag(request: Request, next: Next) -> Response {
     let tagged = request.method() == Method::GET && request.uri().path().starts_with("/v1/");
     let if_none_match = request.headers().get(header::IF_NONE_MATCH).cloned();
     let response = next.run(request).await;
-    if !tagged || response.status() != StatusCode::OK {
+    if !tagged || response.status() != StatusCode::OK || is_event_stream(&response) {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -41,6 +41,14 @@ pub async fn etag(request: Request, next: Next) -> Response {
     }
     parts.headers.insert(header::ETAG, value);
     Response::from_parts(parts, Body::from(bytes))
+}
+
+/// An event stream never ends by itself: it is passed on as it is, untagged.
+fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// A strong entity tag for a body: the first 128 bits of its SHA-256, in hex.

@@ -194,6 +194,7 @@ pub async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
+    name_the_span(request.method(), matched.as_str(), &params);
     let needed = match rule(request.method(), matched.as_str()) {
         Some(Rule::Open) => return next.run(request).await,
         Some(Rule::Needs(role)) => role,
@@ -234,6 +235,24 @@ pub async fn guard(
             next.run(request).await
         }
         Err(err) => err.into_response(),
+    }
+}
+
+/// The request's span says what it is about: its route (also its name), and
+/// the parent or queue its path names.
+fn name_the_span(method: &Method, route: &str, params: &RawPathParams) {
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record("otel.name", format!("{method} {route}"));
+    span.record("http.route", route);
+    for (name, value) in params.iter() {
+        match name {
+            "parent_id" => span.record("parent_id", value),
+            "queue" => span.record("queue", value),
+            _ => &span,
+        };
     }
 }
 

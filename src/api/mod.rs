@@ -7,6 +7,7 @@ mod claims;
 mod dashboard;
 mod deliveries;
 mod etag;
+mod events;
 pub mod extract;
 pub mod guard;
 mod openapi;
@@ -50,6 +51,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(claims::router())
         .merge(queues::router())
         .merge(outcomes::router())
+        .merge(events::router())
         .merge(reconcile::router())
         .merge(ops::router())
 }

@@ -84,6 +84,7 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
 )]
 async fn metrics(State(state): State<AppState>, caller: Caller) -> impl IntoResponse {
     let queues = queue_gauges(&state, &caller.0.queues).await;
+    state.metrics.event_streams(state.events.open_streams());
     let content_type = [(
         header::CONTENT_TYPE,
         HeaderValue::from_static(crate::metrics::CONTENT_TYPE),

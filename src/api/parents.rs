@@ -50,9 +50,16 @@ async fn register_parent(
     State(state): State<AppState>,
     caller: Caller,
     Path(parent_id): Path<String>,
+    headers: axum::http::HeaderMap,
     BulkJson(body): BulkJson<RegisterParent>,
 ) -> ApiResult<impl IntoResponse> {
-    let registration = body.into_registration(parent_id_param(&parent_id)?, &state.limits)?;
+    let mut registration = body.into_registration(parent_id_param(&parent_id)?, &state.limits)?;
+    // Kept for its children's claims; one that is not W3C is ignored, as the
+    // W3C asks (the request then starts no trace of its own either).
+    registration.traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| crate::ledger::trace::parse_traceparent(v).ok());
     if !caller.0.reaches(registration.queue.as_str()) {
         return Err(ApiError::Forbidden(format!(
             "queue: token {:?} may not register parents in queue {}",

@@ -71,6 +71,10 @@ pub struct ChildSpec {
     /// and counted, never dropped.
     #[schema(min_length = 1)]
     skip: Option<String>,
+    /// This child's W3C trace context, handed back with its claims (instead
+    /// of the registration's `traceparent` header). Not part of its content.
+    #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    traceparent: Option<String>,
 }
 
 /// One child of an append, with its explicit sequence.
@@ -86,6 +90,8 @@ pub struct AppendChild {
     key: Option<String>,
     #[schema(min_length = 1)]
     skip: Option<String>,
+    /// This child's W3C trace context (see registration).
+    traceparent: Option<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -149,7 +155,16 @@ impl RegisterParent {
             .items
             .into_iter()
             .enumerate()
-            .map(|(i, c)| checker.check(&format!("children[{i}]"), i as i64, c.payload, c.key, c.skip))
+            .map(|(i, c)| {
+                checker.check(
+                    &format!("children[{i}]"),
+                    i as i64,
+                    c.payload,
+                    c.key,
+                    c.skip,
+                    c.traceparent,
+                )
+            })
             .collect::<ApiResult<Vec<_>>>()?;
         let queue = self.queue.unwrap_or_default();
         let decomposed = self.decomposed.unwrap_or(true);
@@ -175,6 +190,7 @@ impl RegisterParent {
             webhook_url: self.webhook_url,
             children,
             fingerprint,
+            traceparent: None,
         })
     }
 }
@@ -203,6 +219,7 @@ impl AppendChildren {
                     key: c.key,
                     payload: c.payload.unwrap_or_else(null_payload),
                     skip: c.skip,
+                    traceparent: None,
                 };
                 if repeat.same_content(&children[first]) {
                     continue;
@@ -210,7 +227,7 @@ impl AppendChildren {
                 return Err(ApiError::repeated_sequence_differs(&field, c.sequence));
             }
             sequences.insert(c.sequence, children.len());
-            children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip)?);
+            children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip, c.traceparent)?);
         }
         Ok(children)
     }

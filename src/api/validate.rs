@@ -56,6 +56,7 @@ impl ChildChecker {
         payload: Option<Box<RawValue>>,
         key: Option<String>,
         skip: Option<String>,
+        traceparent: Option<String>,
     ) -> ApiResult<NewChild> {
         if let Some(key) = &key {
             if key.is_empty() {
@@ -80,11 +81,16 @@ impl ChildChecker {
             }
             None => null_payload(),
         };
+        let traceparent = traceparent
+            .map(|t| crate::ledger::trace::parse_traceparent(&t))
+            .transpose()
+            .map_err(|why| ApiError::invalid(format!("{field}.traceparent"), why))?;
         Ok(NewChild {
             sequence,
             key,
             payload,
             skip,
+            traceparent,
         })
     }
 }

@@ -1,9 +1,12 @@
-//! Wakes this process's waiting claims when another replica signals work.
+//! Wakes this process's waiting claims when another replica signals work,
+//! and marks what its event streams show when another replica changed it:
+//! both arrive on the one `LISTEN` connection the process holds.
 
 use std::time::Duration;
 
-use crate::ledger::Work;
+use crate::ledger::{Changes, Work};
 use crate::state::AppState;
+use crate::store::Heard;
 
 /// Listens for other replicas' work notifications (Postgres `LISTEN`) and
 /// reconnects with backoff when the database goes away. Returns at once on
@@ -22,17 +25,19 @@ pub async fn listen_for_work(state: AppState) {
                 delay = Duration::from_millis(250);
                 // A (re)connection may have missed notifications: look again.
                 state.waiters.wake(&Work::unknown());
+                state.events.changed(&Changes::everything());
                 loop {
                     let heard = tokio::select! {
                         heard = listener.recv() => heard,
                         _ = stopping.wait_for(|stopping| *stopping) => return,
                     };
                     match heard {
-                        Ok(Some(work)) => {
+                        Ok(Heard::Work(work)) => {
                             state.waiters.wake(&work);
                         }
-                        // This process woke its own waiters when it sent it.
-                        Ok(None) => {}
+                        Ok(Heard::Changed(changes)) => state.events.changed(&changes),
+                        // This process told its own waiters and streams when it sent it.
+                        Ok(Heard::Own) => {}
                         Err(err) => {
                             tracing::warn!(error = %err, "work notifications interrupted; reconnecting");
                             break;

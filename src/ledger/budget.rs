@@ -116,6 +116,7 @@ mod tests {
             attempt: i32::MAX,
             idempotency_key: crate::ledger::idempotency_key(&parent_id, i64::MAX),
             previous_attempt: Some(PreviousAttempt::Expired),
+            traceparent: Some(format!("00-{}-{}-01", "a".repeat(32), "b".repeat(16))),
         }
     }
 

@@ -153,6 +153,7 @@ mod tests {
             key: None,
             payload: serde_json::value::to_raw_value(&payload).unwrap(),
             skip: None,
+            traceparent: None,
         }
     }
 
@@ -162,6 +163,7 @@ mod tests {
             key: None,
             payload: serde_json::from_str(text).unwrap(),
             skip: None,
+            traceparent: None,
         }
     }
 

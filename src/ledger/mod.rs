@@ -2,6 +2,7 @@
 
 pub mod allow_hosts;
 pub mod budget;
+pub mod events;
 pub mod fingerprint;
 pub mod ids;
 pub mod model;
@@ -9,9 +10,11 @@ pub mod outcome;
 pub mod projection;
 pub mod scope;
 pub mod state;
+pub mod trace;
 pub mod webhook;
 pub mod work;
 
+pub use events::Changes;
 pub use ids::{ParentId, QueueName, idempotency_key};
 pub use model::*;
 pub use scope::QueueScope;

@@ -182,6 +182,13 @@ pub struct ClaimedChild {
     /// `expired` when the last lease ran out: the earlier attempt may have had its
     /// effect, so check the remote side with `idempotency_key` before repeating it.
     pub previous_attempt: Option<PreviousAttempt>,
+    /// The W3C trace context to do this child's work in: the child's own
+    /// from its registration, else its parent's (the registration's
+    /// `traceparent` header); `null` when neither carried one. With trace
+    /// export on, it names this claim's span of the child, in that trace.
+    /// Send it back as the `traceparent` header of the outcome.
+    #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    pub traceparent: Option<String>,
 }
 
 /// A child to be written by a registration or an append. The payload stays
@@ -194,6 +201,9 @@ pub struct NewChild {
     pub payload: Box<serde_json::value::RawValue>,
     /// When set, the child is stored `skipped` with this reason.
     pub skip: Option<String>,
+    /// Its W3C trace context, kept and handed back with its claims (not part
+    /// of its content: a repeat with another one is the same child).
+    pub traceparent: Option<String>,
 }
 
 impl NewChild {
@@ -224,6 +234,9 @@ pub struct Registration {
     pub children: Vec<NewChild>,
     /// Digest of the whole registration: an identical repeat writes nothing.
     pub fingerprint: String,
+    /// The registration's W3C trace context (its `traceparent` header), kept
+    /// for the children that have none of their own.
+    pub traceparent: Option<String>,
 }
 
 /// Which children a claim draws from.
@@ -290,6 +303,16 @@ pub enum OutcomeStatus {
 }
 
 impl OutcomeStatus {
+    /// Every status, in the order the metrics list them.
+    pub const ALL: [OutcomeStatus; 6] = [
+        Self::Applied,
+        Self::Duplicate,
+        Self::Conflict,
+        Self::ClaimMismatch,
+        Self::NotFound,
+        Self::NotDecomposed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Applied => "applied",
@@ -417,7 +440,7 @@ impl ReconcileJob {
 
 /// A queue's summary for dashboards (`GET /v1/queues`): what its parents hold,
 /// read from their projections, so the cost does not grow with its children.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Queue {
     pub queue: QueueName,
     /// Whether the queue is paused (`POST /v1/queues/{queue}/pause`): its

@@ -75,6 +75,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 3] = [Self::Processed, Self::Failed, Self::Skipped];
+
     pub fn as_str(self) -> &'static str {
         self.state().as_str()
     }

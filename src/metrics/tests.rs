@@ -115,6 +115,8 @@ fn families_keep_their_names_types_and_help() {
             "# TYPE child_ledger_pruned_total counter",
             "# TYPE child_ledger_webhook_deliveries_total counter",
             "# TYPE child_ledger_webhook_outbox_backlog gauge",
+            "# TYPE child_ledger_event_streams gauge",
+            "# TYPE child_ledger_event_stream_reads_total counter",
             "# TYPE child_ledger_leases_expired_total counter",
             "# TYPE child_ledger_parents_completed_total counter",
             "# TYPE child_ledger_waiting_claims gauge",
@@ -215,4 +217,45 @@ fn queue_gauges_show_the_first_queues_by_name() {
     shown.sort_unstable();
     shown.dedup();
     assert_eq!(shown, ["a", "b"]);
+}
+
+/// A fresh service's first scrape already has every counter series an alert
+/// or a `rate()` panel names, at 0: "no data" would hide a stalled queue.
+#[test]
+fn known_series_exist_at_zero_from_the_first_scrape() {
+    let metrics = Metrics::default();
+    let queues = [QueueGauge {
+        queue: "events".to_owned(),
+        ..QueueGauge::default()
+    }];
+    let text = metrics.render(&[], 0, 0, WaitingClaims::default(), &queues);
+    for outcome in ["processed", "failed", "skipped"] {
+        for status in [
+            "applied",
+            "duplicate",
+            "conflict",
+            "claim_mismatch",
+            "not_found",
+            "not_decomposed",
+        ] {
+            let line = format!("child_ledger_outcomes_total{{outcome=\"{outcome}\",status=\"{status}\"}} 0");
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+    for line in [
+        "child_ledger_children_claimed_total{queue=\"other\"} 0",
+        "child_ledger_children_claimed_total{queue=\"events\"} 0",
+        "child_ledger_auth_failures_total{reason=\"missing\"} 0",
+        "child_ledger_webhook_deliveries_total{status=\"failed\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    // Counting then starts from those zeros.
+    metrics.claimed("events", 2);
+    let text = metrics.render(&[], 0, 0, WaitingClaims::default(), &queues);
+    assert!(
+        text.lines()
+            .any(|l| l == "child_ledger_children_claimed_total{queue=\"events\"} 2"),
+        "{text}"
+    );
 }

@@ -24,7 +24,7 @@ use super::reports::{Lane, LaneAsk, LaneTurn, Leased};
 use super::statement::{Sql, Statement};
 use super::{ChildRef, Store, StoreError, StoreResult};
 use crate::ledger::budget::ByteBudget;
-use crate::ledger::{Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName, Work};
+use crate::ledger::{Changes, Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName, Work};
 
 /// How many expired leases (each of one claim and parent) one round of the
 /// sweep takes at most.
@@ -88,6 +88,16 @@ impl Store {
         leased
             .children
             .sort_by(|a, b| (&a.parent_id, a.sequence).cmp(&(&b.parent_id, b.sequence)));
+        self.trace_claimed(&mut leased.children).await?;
+        if let Some(queue) = &leased.queue {
+            let mut changes = Changes::of_queue(queue.clone());
+            for child in &leased.children {
+                if changes.parents.last() != Some(&child.parent_id) {
+                    changes.parents.push(child.parent_id.clone());
+                }
+            }
+            self.signal_change(changes);
+        }
         Ok(Claimed {
             claim: Claim {
                 claim_id: request.claim_id,
@@ -357,6 +367,8 @@ impl Store {
             if !expired.more {
                 if moved > 0 {
                     self.signals.expired_total.fetch_add(moved, Ordering::Relaxed);
+                    // Which parents' leases ran out is not said: every view looks again.
+                    self.signal_change(Changes::everything());
                 }
                 return Ok(moved);
             }

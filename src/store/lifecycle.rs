@@ -3,7 +3,7 @@
 
 use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult};
-use crate::ledger::{ParentId, QueueName, QueueScope, Work};
+use crate::ledger::{Changes, ParentId, QueueName, QueueScope, Work};
 
 /// Children a pruner's transaction deletes at most.
 const PRUNE_BATCH: i64 = 5_000;
@@ -43,6 +43,11 @@ const DELETE_LANE: &str = "DELETE FROM lane WHERE parent_id = $1 \
     AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
     AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
 
+/// The trace contexts kept for a complete parent whose children are gone.
+const DELETE_TRACES: &str = "DELETE FROM trace_context WHERE parent_id = $1 \
+    AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL) \
+    AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
+
 /// Deletes a complete parent whose children are gone.
 const DELETE_PARENT: &str = "DELETE FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL \
     AND NOT EXISTS (SELECT 1 FROM child WHERE parent_id = $1)";
@@ -58,6 +63,9 @@ impl Store {
             Statement::new(RESUME_QUEUE)
         };
         let changed = self.db.execute(statement.text(queue.as_str())).await? == 1;
+        if changed {
+            self.signal_change(Changes::of_pause(queue.clone()));
+        }
         if changed && !paused {
             let pending = self
                 .queues(Some(queue), &QueueScope::every())
@@ -119,10 +127,16 @@ impl Store {
         tx.execute(Statement::new(DELETE_LEASES).text(parent_id.as_str()))
             .await?;
         tx.execute(Statement::new(DELETE_LANE).text(parent_id.as_str())).await?;
+        tx.execute(Statement::new(DELETE_TRACES).text(parent_id.as_str()))
+            .await?;
         let deleted = tx
             .execute(Statement::new(DELETE_PARENT).text(parent_id.as_str()))
             .await?;
         tx.commit().await?;
+        if deleted == 1 {
+            self.parents_changed([parent_id]);
+        }
+        self.forget_trace(parent_id);
         self.child_bytes
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -14,6 +14,7 @@ mod children;
 mod claims;
 mod combine;
 mod error;
+mod events;
 mod lifecycle;
 mod outcomes;
 mod parents;
@@ -28,6 +29,7 @@ mod signals;
 mod sql;
 mod sqlite;
 mod statement;
+mod traces;
 mod webhooks;
 
 use std::sync::Arc;
@@ -53,7 +55,7 @@ pub use parents::{ParentFilter, ParentHas, ParentPage};
 /// workers, `$5` lease seconds; the queue's lanes bind `$1` queue, `$2` how many.
 pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
 pub use reconcile_jobs::{JobLease, JobStep};
-pub use signals::WorkListener;
+pub use signals::{Heard, WorkListener};
 pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};
 
 /// How many children one bulk statement writes or compares: a 100,000-child
@@ -109,6 +111,8 @@ pub struct Store {
     /// Decomposed parents' largest payloads, which no longer change (see
     /// `claims::child_bytes`).
     child_bytes: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, Option<i64>>>>,
+    /// Decomposed parents' kept trace contexts (see `traces`).
+    traces: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, traces::ParentTrace>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -199,6 +203,7 @@ impl Store {
             lane_claims: Arc::new(combine::Combiner::new(1)),
             outcome_batches: Arc::new(combine::Combiner::new(2)),
             child_bytes: Arc::default(),
+            traces: Arc::default(),
         })
     }
 

@@ -51,6 +51,7 @@ impl Store {
             };
             let applied = self.apply(Arc::clone(&batch)).await?;
             self.completed(&applied.completed);
+            self.parents_changed(applied.won.iter().map(|(parent_id, _)| parent_id));
             if applied.won.len() == batch.len() {
                 return Ok(statuses);
             }

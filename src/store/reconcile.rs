@@ -112,6 +112,9 @@ impl Store {
             &[]
         };
         self.commit_completing(tx, completed).await?;
+        if apply {
+            self.parents_changed([parent_id]);
+        }
         Ok(Some(report))
     }
 

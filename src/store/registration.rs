@@ -8,7 +8,7 @@ use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult, WRITE_CHUNK, sql};
 use crate::ledger::budget::largest_payload;
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT, Tally};
-use crate::ledger::{Appended, NewChild, Parent, ParentId, Registration, Work};
+use crate::ledger::{Appended, Changes, NewChild, Parent, ParentId, Registration, Work};
 
 /// How many differing sequences an append conflict names at most.
 const DIFFERING_REPORTED: usize = 100;
@@ -126,6 +126,14 @@ impl Store {
         };
         let completed = row.bool("completed")?;
         let inserted = insert_children(&mut *tx, parent_id, &registration.children, false).await?;
+        super::traces::keep(
+            &mut *tx,
+            self,
+            parent_id,
+            registration.traceparent.as_deref(),
+            &registration.children,
+        )
+        .await?;
         if registration.decomposed {
             tx.execute(Statement::new(OPEN_LANE).text(parent_id.as_str())).await?;
         }
@@ -137,6 +145,7 @@ impl Store {
         self.commit_completing(tx, completed).await?;
         self.db.after_bulk_write(inserted.rows as i64).await?;
         let parent = self.parent(parent_id, false).await?;
+        self.signal_change(Changes::of_parent_in(parent_id.clone(), parent.queue.clone()));
         self.signal_work(Work::of_registered(&parent));
         Ok((true, parent))
     }
@@ -165,6 +174,7 @@ impl Store {
                 sequences: differing,
             });
         }
+        super::traces::keep(&mut *tx, self, parent_id, None, children).await?;
         tx.execute(
             Statement::new(COUNT_APPENDED)
                 .text(parent_id.as_str())
@@ -174,6 +184,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
+        self.parents_changed([parent_id]);
         self.db.after_bulk_write(inserted.rows as i64).await?;
         Ok(Appended {
             inserted: inserted.rows,
@@ -221,6 +232,7 @@ impl Store {
         self.commit_completing(tx, completed).await?;
         let parent = self.parent(parent_id, false).await?;
         if !decomposed {
+            self.signal_change(Changes::of_parent_in(parent_id.clone(), parent.queue.clone()));
             self.signal_work(Work::of_registered(&parent));
         }
         Ok(parent)

@@ -112,6 +112,10 @@ pub(crate) struct Dialect {
     pub leased_children: fn(alias: &str) -> String,
     /// Whether claim lease `lease`'s list names child `sequence`.
     pub lease_holds: fn(lease: &str, sequence: &str) -> String,
+    /// Rows `(n, t)` of JSON text `param`, an array of `[integer, text]` pairs.
+    pub json_pairs: fn(param: &str) -> String,
+    /// A subquery of the texts of JSON array text `param` (`x IN (...)`).
+    pub json_texts: fn(param: &str) -> String,
     /// `QueueScope::allows` for parent `p`'s queue, the scope bound as
     /// `QueueScope::as_json` text `param` (`sql::within_postgres`, `within_sqlite`).
     pub within: fn(param: &str) -> String,
@@ -136,4 +140,18 @@ impl Sql {
     pub fn of(&'static self, dialect: &Dialect) -> &'static str {
         self.texts[dialect.slot].get_or_init(|| (self.build)(dialect))
     }
+}
+
+/// The span of one statement, beneath its request's span: exported with
+/// traces (`telemetry`), never logged; with export off nobody listens and
+/// it costs a disabled callsite's check.
+pub(crate) fn span(sql: &'static str) -> tracing::Span {
+    let verb = sql.split_whitespace().next().unwrap_or("statement");
+    tracing::trace_span!(
+        target: "child_ledger::sql",
+        "statement",
+        otel.name = %format_args!("statement {verb}"),
+        otel.kind = "client",
+        db.query.text = sql,
+    )
 }

@@ -19,6 +19,7 @@ use anyhow::Context;
 use async_trait::async_trait;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgConnection, Postgres};
+use tracing::Instrument as _;
 
 use super::backend::{Connection, Notifications, Row, Transaction};
 use super::statement::{Dialect, Statement, Value};
@@ -47,6 +48,8 @@ static POSTGRES: Dialect = Dialect {
         )
     },
     lease_holds: |l, sequence| format!("{sequence} = ANY ({l}.sequences)"),
+    json_pairs: |p| format!("SELECT (e->>0)::bigint AS n, e->>1 AS t FROM json_array_elements({p}::json) AS e"),
+    json_texts: |p| format!("SELECT json_array_elements_text({p}::json)"),
     within: sql::within_postgres,
 };
 
@@ -243,30 +246,44 @@ impl Connection for PgStore {
     }
 
     async fn fetch(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let rows = query(self.pool.sql(statement.sql), &statement.values)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let rows = query(self.pool.sql(statement.sql), &statement.values)
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     async fn scan(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let mut conn = self.held_read().await?;
-        let rows = query(self.pool.sql(statement.sql), &statement.values)
-            .fetch_all(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let mut conn = self.held_read().await?;
+            let rows = query(self.pool.sql(statement.sql), &statement.values)
+                .fetch_all(&mut *conn)
+                .await?;
+            conn.finish().await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     async fn write(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        self.fetch(statement).await
+        let span = super::statement::span(statement.sql);
+        let run = async move { self.fetch(statement).await };
+        run.instrument(span).await
     }
 
     async fn execute(&self, statement: Statement<'_>) -> StoreResult<u64> {
-        let done = query(self.pool.sql(statement.sql), &statement.values)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let done = query(self.pool.sql(statement.sql), &statement.values)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        };
+        run.instrument(span).await
     }
 
     /// One notification per call, however many children it concerns.
@@ -327,13 +344,21 @@ impl Transaction for Held {
     }
 
     async fn fetch(&mut self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let rows = query(statement.sql, &statement.values).fetch_all(&mut **self).await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let rows = query(statement.sql, &statement.values).fetch_all(&mut **self).await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     async fn execute(&mut self, statement: Statement<'_>) -> StoreResult<u64> {
-        let done = query(statement.sql, &statement.values).execute(&mut **self).await?;
-        Ok(done.rows_affected())
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let done = query(statement.sql, &statement.values).execute(&mut **self).await?;
+            Ok(done.rows_affected())
+        };
+        run.instrument(span).await
     }
 
     async fn commit(self: Box<Self>) -> StoreResult<()> {

@@ -24,6 +24,7 @@ use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Sqlite, SqlitePool};
+use tracing::Instrument as _;
 
 use super::backend::{Connection, Row, Transaction};
 use super::statement::{Dialect, Statement, Value};
@@ -60,6 +61,10 @@ static SQLITE: Dialect = Dialect {
         )
     },
     lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
+    json_pairs: |p| {
+        format!("SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS t FROM json_each({p})")
+    },
+    json_texts: |p| format!("SELECT value FROM json_each({p})"),
     within: sql::within_sqlite,
 };
 
@@ -301,30 +306,46 @@ impl Connection for SqliteStore {
     }
 
     async fn fetch(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let rows = query(statement.sql, &statement.values).fetch_all(&self.readers).await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let rows = query(statement.sql, &statement.values).fetch_all(&self.readers).await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     async fn scan(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let mut conn = self.held_read().await?;
-        let rows = query(statement.sql, &statement.values).fetch_all(&mut *conn).await?;
-        conn.finish().await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let mut conn = self.held_read().await?;
+            let rows = query(statement.sql, &statement.values).fetch_all(&mut *conn).await?;
+            conn.finish().await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     /// On the writer, under the write lock taken up front, like every write.
     async fn write(&self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let mut tx = self.held_tx().await?;
-        let rows = query(statement.sql, &statement.values).fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let mut tx = self.held_tx().await?;
+            let rows = query(statement.sql, &statement.values).fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     async fn execute(&self, statement: Statement<'_>) -> StoreResult<u64> {
-        let mut tx = self.held_tx().await?;
-        let done = query(statement.sql, &statement.values).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let mut tx = self.held_tx().await?;
+            let done = query(statement.sql, &statement.values).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(done.rows_affected())
+        };
+        run.instrument(span).await
     }
 }
 
@@ -335,13 +356,21 @@ impl Transaction for Held {
     }
 
     async fn fetch(&mut self, statement: Statement<'_>) -> StoreResult<Vec<Row>> {
-        let rows = query(statement.sql, &statement.values).fetch_all(&mut **self).await?;
-        Ok(boxed(rows))
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let rows = query(statement.sql, &statement.values).fetch_all(&mut **self).await?;
+            Ok(boxed(rows))
+        };
+        run.instrument(span).await
     }
 
     async fn execute(&mut self, statement: Statement<'_>) -> StoreResult<u64> {
-        let done = query(statement.sql, &statement.values).execute(&mut **self).await?;
-        Ok(done.rows_affected())
+        let span = super::statement::span(statement.sql);
+        let run = async move {
+            let done = query(statement.sql, &statement.values).execute(&mut **self).await?;
+            Ok(done.rows_affected())
+        };
+        run.instrument(span).await
     }
 
     async fn commit(self: Box<Self>) -> StoreResult<()> {
