@@ -1,0 +1,309 @@
+//! The tasks behind the event streams (`api/events.rs`): who watches, and
+//! what a parent's or a queue's stream sends, from its snapshot on.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::sse::Event;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+
+use crate::access::Role;
+use crate::api::guard::Caller;
+use crate::events::{Live, Subscription, same_parent};
+use crate::ledger::events::{completed_event_id, owes_completed, parent_event_id, queue_event_id};
+use crate::ledger::{Parent, ParentId, Queue, QueueName};
+use crate::state::AppState;
+
+use super::REPLAY_LIMIT;
+
+/// How long a client waits before it reconnects (the `retry` field).
+const RECONNECT: Duration = Duration::from_secs(1);
+
+/// A `paused` or `resumed` event's data.
+#[derive(Debug, Serialize)]
+pub(super) struct Pause<'a> {
+    pub(super) queue: &'a QueueName,
+    pub(super) paused: bool,
+}
+
+/// Who watches, checked again as what the stream shows changes.
+pub(super) struct Watcher {
+    pub(super) state: AppState,
+    pub(super) caller: Caller,
+    pub(super) authorization: Vec<HeaderValue>,
+}
+
+impl Watcher {
+    pub(super) fn new(state: &AppState, caller: Caller, headers: &HeaderMap) -> Self {
+        Self {
+            state: state.clone(),
+            caller,
+            authorization: headers
+                .get_all(axum::http::header::AUTHORIZATION)
+                .iter()
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Whether the token, as the tokens file grants it now (it may have been
+    /// reloaded since the stream opened), still reaches `queue`.
+    pub(super) fn reaches(&self, queue: &QueueName) -> bool {
+        let authorization: Vec<&[u8]> = self.authorization.iter().map(HeaderValue::as_bytes).collect();
+        match self.state.access.authenticate(&authorization) {
+            Ok(grant) => grant.may(Role::Reader) && grant.reaches(queue.as_str()),
+            Err(_) => false,
+        }
+    }
+
+    fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.state.shutdown.subscribe()
+    }
+}
+
+/// One event: its name, data and id (none: the client keeps the last one).
+fn event(name: &str, data: &impl Serialize, id: Option<&str>) -> Event {
+    let event = Event::default()
+        .event(name)
+        .json_data(data)
+        .unwrap_or_else(|_| Event::default().event(name).data("null"));
+    match id {
+        Some(id) => event.id(id),
+        None => event,
+    }
+}
+
+/// Waits for the next event of a subscription, or for the service to stop
+/// or the client to leave (`None`).
+async fn next_live(
+    subscription: &mut Subscription,
+    sender: &mpsc::Sender<Event>,
+    stopping: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<Result<Live, RecvError>> {
+    if *stopping.borrow() {
+        return None;
+    }
+    tokio::select! {
+        live = subscription.receiver.recv() => Some(live),
+        _ = sender.closed() => None,
+        _ = stopping.wait_for(|stopping| *stopping) => None,
+    }
+}
+
+/// A parent stream's task.
+pub(super) struct ParentStream {
+    pub(super) watcher: Watcher,
+    pub(super) sender: mpsc::Sender<Event>,
+    /// What the client was last sent.
+    pub(super) sent: Option<Arc<Parent>>,
+    pub(super) sent_completed: Option<String>,
+}
+
+impl ParentStream {
+    async fn send(&self, event: Event) -> bool {
+        self.sender.send(event).await.is_ok()
+    }
+
+    pub(super) async fn open(&mut self, parent: Arc<Parent>, paused: bool, last_event_id: Option<&str>) {
+        let shown = self.watcher.caller.shown((*parent).clone());
+        let snapshot = event("snapshot", &shown, Some(&parent_event_id(&parent))).retry(RECONNECT);
+        if !self.send(snapshot).await {
+            return;
+        }
+        if paused {
+            let pause = Pause {
+                queue: &parent.queue,
+                paused: true,
+            };
+            self.send(event("paused", &pause, None)).await;
+        }
+        if owes_completed(&parent, last_event_id) {
+            self.send_completed(&parent).await;
+        } else {
+            self.sent_completed = completed_event_id(&parent);
+        }
+        self.sent = Some(parent);
+    }
+
+    async fn send_completed(&mut self, parent: &Parent) -> bool {
+        let Some(id) = completed_event_id(parent) else {
+            return true;
+        };
+        let shown = self.watcher.caller.shown(parent.clone());
+        let sent = self.send(event("completed", &shown, Some(&id))).await;
+        self.sent_completed = Some(id);
+        sent
+    }
+
+    /// Sends a parent as it is now: `progress` when it moved, `completed`
+    /// when this completion was not sent yet. `false` ends the stream.
+    async fn show(&mut self, parent: Arc<Parent>) -> bool {
+        let moved_hands = self
+            .sent
+            .as_ref()
+            .is_none_or(|sent| sent.queue != parent.queue || sent.created_at != parent.created_at);
+        if moved_hands && !self.watcher.reaches(&parent.queue) {
+            return false;
+        }
+        if self.sent.as_deref().is_none_or(|sent| !same_parent(sent, &parent)) {
+            let shown = self.watcher.caller.shown((*parent).clone());
+            if !self
+                .send(event("progress", &shown, Some(&parent_event_id(&parent))))
+                .await
+            {
+                return false;
+            }
+        }
+        if completed_event_id(&parent).is_some_and(|id| self.sent_completed.as_deref() != Some(id.as_str()))
+            && !self.send_completed(&parent).await
+        {
+            return false;
+        }
+        self.sent = Some(parent);
+        true
+    }
+
+    pub(super) async fn follow(&mut self, mut subscription: Subscription) {
+        let mut stopping = self.watcher.stopping();
+        while let Some(live) = next_live(&mut subscription, &self.sender, &mut stopping).await {
+            let go_on = match live {
+                Ok(Live::Parent(parent)) => self.show(parent).await,
+                Ok(Live::Gone) | Err(RecvError::Closed) => false,
+                Ok(Live::Paused { queue, paused }) => {
+                    let name = if paused { "paused" } else { "resumed" };
+                    let pause = Pause { queue: &queue, paused };
+                    self.send(event(name, &pause, None)).await
+                }
+                Ok(Live::Queue(_) | Live::Completed(_)) => true,
+                // Fell behind: what it is now says all (a completion included).
+                Err(RecvError::Lagged(_)) => match self.sent.as_ref().map(|p| p.parent_id.clone()) {
+                    Some(parent_id) => match self.watcher.state.store.parent(&parent_id, false).await {
+                        Ok(parent) => self.show(Arc::new(parent)).await,
+                        Err(_) => false,
+                    },
+                    None => false,
+                },
+            };
+            if !go_on {
+                return;
+            }
+        }
+    }
+}
+
+/// A queue stream's task.
+pub(super) struct QueueStream {
+    pub(super) watcher: Watcher,
+    pub(super) sender: mpsc::Sender<Event>,
+    pub(super) queue: QueueName,
+    /// The `completed_at` of the last completion sent (or when the stream
+    /// opened): its events' id.
+    pub(super) last_completed: DateTime<Utc>,
+    /// Completions replayed at the start, not sent again live.
+    pub(super) replayed: HashSet<(ParentId, DateTime<Utc>)>,
+    pub(super) sent: Option<Arc<Queue>>,
+}
+
+impl QueueStream {
+    fn id(&self) -> String {
+        queue_event_id(Some(self.last_completed))
+    }
+
+    async fn send(&self, event: Event) -> bool {
+        self.sender.send(event).await.is_ok()
+    }
+
+    pub(super) async fn open(&mut self, snapshot: Arc<Queue>, replay: Vec<Parent>) {
+        let first = event("snapshot", &*snapshot, Some(&self.id())).retry(RECONNECT);
+        if !self.send(first).await {
+            return;
+        }
+        if snapshot.paused {
+            let pause = Pause {
+                queue: &self.queue,
+                paused: true,
+            };
+            self.send(event("paused", &pause, None)).await;
+        }
+        self.sent = Some(snapshot);
+        for parent in replay {
+            if let Some(at) = parent.completed_at {
+                self.replayed.insert((parent.parent_id.clone(), at));
+            }
+            if !self.completed(&parent).await {
+                return;
+            }
+        }
+    }
+
+    async fn completed(&mut self, parent: &Parent) -> bool {
+        if let Some(at) = parent.completed_at {
+            self.last_completed = self.last_completed.max(at);
+        }
+        let shown = self.watcher.caller.shown(parent.clone());
+        let id = self.id();
+        self.send(event("completed", &shown, Some(&id))).await
+    }
+
+    pub(super) async fn follow(&mut self, mut subscription: Subscription) {
+        let mut stopping = self.watcher.stopping();
+        while let Some(live) = next_live(&mut subscription, &self.sender, &mut stopping).await {
+            let go_on = match live {
+                _ if !self.watcher.reaches(&self.queue) => false,
+                Ok(Live::Queue(queue)) => {
+                    if self.sent.as_deref() == Some(&*queue) {
+                        true
+                    } else {
+                        let sent = self.send(event("progress", &*queue, Some(&self.id()))).await;
+                        self.sent = Some(queue);
+                        sent
+                    }
+                }
+                Ok(Live::Completed(parent)) => {
+                    let replayed = parent
+                        .completed_at
+                        .is_some_and(|at| self.replayed.remove(&(parent.parent_id.clone(), at)));
+                    replayed || self.completed(&parent).await
+                }
+                Ok(Live::Paused { paused, .. }) => {
+                    let name = if paused { "paused" } else { "resumed" };
+                    let pause = Pause {
+                        queue: &self.queue,
+                        paused,
+                    };
+                    self.send(event(name, &pause, None)).await
+                }
+                Ok(Live::Parent(_) | Live::Gone) => true,
+                Err(RecvError::Closed) => false,
+                // Fell behind: replay the completions since the last one sent.
+                Err(RecvError::Lagged(_)) => {
+                    let from = self.last_completed - chrono::TimeDelta::seconds(5);
+                    match self
+                        .watcher
+                        .state
+                        .store
+                        .queue_completions(&self.queue, from, REPLAY_LIMIT)
+                        .await
+                    {
+                        Ok(parents) => {
+                            let mut ok = true;
+                            for parent in parents {
+                                ok = ok && self.completed(&parent).await;
+                            }
+                            ok
+                        }
+                        Err(_) => false,
+                    }
+                }
+            };
+            if !go_on {
+                return;
+            }
+        }
+    }
+}
