@@ -20,6 +20,7 @@ use sqlx::Connection;
 
 /// What a child costs (`--cost-only`, and the full run).
 mod cost;
+mod search;
 
 /// The tests' PgBouncer harness (transaction mode, a free port).
 #[allow(dead_code)]
@@ -38,6 +39,8 @@ struct Args {
     pooler_only: bool,
     /// Only the cost per child (`cost.*`).
     cost_only: bool,
+    /// Only the children search (`search.*`).
+    search_only: bool,
     /// Another build's service binary, whose cost per child is measured
     /// beside this build's in the same run (`--baseline-bin PATH`).
     baseline_bin: Option<String>,
@@ -53,6 +56,7 @@ fn parse_args() -> Args {
         dashboard_only: false,
         pooler_only: false,
         cost_only: false,
+        search_only: false,
         baseline_bin: None,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
@@ -68,6 +72,7 @@ fn parse_args() -> Args {
             "--dashboard-only" => args.dashboard_only = true,
             "--pooler-only" => args.pooler_only = true,
             "--cost-only" => args.cost_only = true,
+            "--search-only" => args.search_only = true,
             "--baseline-bin" => args.baseline_bin = it.next(),
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
@@ -89,6 +94,8 @@ struct Sizes {
     peers_jobs: usize,
     /// Children of the cost runs.
     cost: usize,
+    /// Children in each state of the children search (`search.*`).
+    search: usize,
     /// Children of the fresh-database drain: as many as the peers' jobs.
     fresh: usize,
     /// Children of each big parent in `burn_down_http.big_parents`.
@@ -107,6 +114,7 @@ impl Sizes {
                 scale_rows: 500_000,
                 peers_jobs: 0,
                 cost: 20_000,
+                search: 100_000,
                 fresh: 20_000,
                 big_parent: 20_000,
                 huge_parent: 100_000,
@@ -119,6 +127,7 @@ impl Sizes {
                 scale_rows: 10_000_000,
                 peers_jobs: 200_000,
                 cost: 200_000,
+                search: 1_000_000,
                 fresh: 200_000,
                 big_parent: 100_000,
                 huge_parent: 1_000_000,
@@ -1414,6 +1423,9 @@ async fn main() {
     if args.cost_only {
         return print_table(&cost_scenarios(&args, &sizes).await);
     }
+    if args.search_only {
+        return print_table(&search::search_scenarios(&args.admin_url, sizes.search).await);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1555,6 +1567,7 @@ async fn main() {
 
     scenarios.extend(through_pgbouncer(&args.admin_url, &sizes).await);
     scenarios.extend(cost_scenarios(&args, &sizes).await);
+    scenarios.extend(search::search_scenarios(&args.admin_url, sizes.search).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
     eprintln!("claim_latency_scale: 10k rows ...");

@@ -339,12 +339,25 @@ impl LogFormat {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let fmt = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
         type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
-        let mut layers: Vec<Boxed> = vec![match self {
+        if !crate::telemetry::wanted() {
+            // The filter for the whole subscriber, as a plain log set-up has
+            // it: as a per-layer filter, `info,tower_http=debug` dropped
+            // events (a response's line, "ledger ready") on Postgres.
+            let registry = tracing_subscriber::registry().with(filter);
+            let plain = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
+            match self {
+                LogFormat::Text => registry.with(plain).init(),
+                LogFormat::Json => registry.with(plain.json()).init(),
+            }
+            return None;
+        }
+        let log: Boxed = match self {
             LogFormat::Text => fmt.with_filter(filter).boxed(),
             LogFormat::Json => fmt.json().with_filter(filter).boxed(),
-        }];
-        let exporter = match crate::telemetry::wanted().then(crate::telemetry::exporter) {
-            Some(Ok((exporter, tracer))) => {
+        };
+        let mut layers: Vec<Boxed> = vec![log];
+        let exporter = match crate::telemetry::exporter() {
+            Ok((exporter, tracer)) => {
                 // Every span, the statements' (trace level) too: a per-layer
                 // filter here left spans made in some handlers out of the
                 // export (tracing-opentelemetry could not give their context).
@@ -356,11 +369,10 @@ impl LogFormat {
                 layers.push(layer.boxed());
                 Some(exporter)
             }
-            Some(Err(err)) => {
+            Err(err) => {
                 eprintln!("OpenTelemetry export not started: {err}");
                 None
             }
-            None => None,
         };
         tracing_subscriber::registry().with(layers).init();
         if exporter.is_some() {

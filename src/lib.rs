@@ -26,7 +26,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::Request;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, OnResponse, TraceLayer};
 
 pub use state::AppState;
 
@@ -59,8 +59,10 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
             span
         })
         .on_response(
-            |response: &axum::http::Response<_>, _latency: Duration, span: &tracing::Span| {
+            |response: &axum::http::Response<_>, latency: Duration, span: &tracing::Span| {
                 span.record("http.response.status_code", response.status().as_u16());
+                // Then the line every response logs ("finished processing request").
+                OnResponse::on_response(DefaultOnResponse::default(), response, latency, span);
             },
         );
     api::router(state, request_timeout)
