@@ -3,8 +3,10 @@
 //! asks for a token, shows queues, parents with their progress, a parent's
 //! failed child with its reason and its held child; a reader's retry is
 //! refused in words, an admin's retry makes the child pending again; the
-//! reconcile dry run shows a hand-made drift; polls come back 304. A
-//! screenshot lands in `target/dashboard-<store>.png`.
+//! reconcile dry run shows a hand-made drift; polls come back 304. With
+//! polling slowed to once an hour, a parent's progress and completion still
+//! reach the page, through its event stream (read with the bearer token).
+//! A screenshot lands in `target/dashboard-<store>.png`.
 //!
 //! Without `chromium` and `chromedriver` the test is skipped with a loud
 //! message, and fails when `CI=true` or `LEDGER_REQUIRE_POSTGRES=1`.
@@ -27,6 +29,7 @@ const FAILED_REASON: &str = "remote rejected the event: card expired";
 const MARKUP_REASON: &str = "bad gateway from <img src=x onerror=\"document.title='xss'\"> upstream";
 
 both_stores!(dashboard_in_a_browser);
+both_stores!(progress_arrives_through_the_stream);
 
 async fn dashboard_in_a_browser(backend: Backend) {
     let Some(tools) = BrowserTools::find() else {
@@ -186,6 +189,52 @@ async fn dashboard_in_a_browser(backend: Backend) {
         seeded.as_secs_f64(),
         screenshot.display()
     );
+}
+
+/// The page polls once an hour (`?poll=3600`): after the first poll, the
+/// selected parent's progress and completion can only come from its event
+/// stream, and the page does not read the parent by polling meanwhile.
+async fn progress_arrives_through_the_stream(backend: Backend) {
+    let Some(tools) = BrowserTools::find() else {
+        return;
+    };
+    let (reader, reader_entry) = token("dashboard", &[Role::Reader], &[]);
+    let (admin, admin_entry) = token("ops", &[Role::Admin], &[]);
+    let mut app = spawn_app_with_tokens(backend, json!([reader_entry, admin_entry])).await;
+    app.token = Some(admin);
+    let reply = app
+        .put("/v1/parents/live-1", json!({"queue": QUEUE, "children": lines(6)}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+
+    let browser = Browser::start(&tools).await;
+    browser.goto(&format!("{}/dashboard?poll=3600#live-1", app.base)).await;
+    browser.wait_text("#token-form", |t| t.contains("needs a token")).await;
+    browser.type_into("#token-input", &reader).await;
+    browser.click("#token-use").await;
+    browser.wait_fact("Processed", "0").await;
+    browser.wait_text("#status", |t| t.contains("parent live")).await;
+    let parent_reads = "return performance.getEntriesByType('resource') \
+                        .filter(e => e.name.endsWith('/v1/parents/live-1')).length";
+    let polled = browser.script(parent_reads, json!([])).await;
+
+    let claim_id = claim(&app, "live-1", 6, 300, "worker-live").await;
+    let outcome = |n: u32| json!({"parent_id": "live-1", "sequence": n, "outcome": "processed", "claim_id": claim_id});
+    post_outcomes(&app, (0..3).map(outcome).collect()).await;
+    browser.wait_fact("Processed", "3").await;
+    browser.wait_fact("In flight", "3").await;
+    post_outcomes(&app, (3..6).map(outcome).collect()).await;
+    browser.wait_fact("Processed", "6").await;
+    browser.wait_text("#detail-state", |t| t == "complete").await;
+    assert_eq!(
+        browser.script(parent_reads, json!([])).await,
+        polled,
+        "the page polled the parent while its stream was open"
+    );
+    let status = browser.text("#status").await;
+    assert!(status.contains("every 3600 s"), "{status}");
+    browser.quit().await;
+    eprintln!("dashboard[{backend:?}]: progress 0 -> 3 -> 6 and complete through the stream, polling hourly: OK");
 }
 
 /// Three parents: `order-1001` (events) mid-way with a failed child and one in
