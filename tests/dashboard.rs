@@ -5,7 +5,8 @@
 //! refused in words, an admin's retry makes the child pending again; the
 //! reconcile dry run shows a hand-made drift; polls come back 304. With
 //! polling slowed to once an hour, a parent's progress and completion still
-//! reach the page, through its event stream (read with the bearer token).
+//! reach the page, through its event stream (read with the bearer token);
+//! with the stream refused (429), the page polls the parent instead.
 //! A screenshot lands in `target/dashboard-<store>.png`.
 //!
 //! Without `chromium` and `chromedriver` the test is skipped with a loud
@@ -30,6 +31,7 @@ const MARKUP_REASON: &str = "bad gateway from <img src=x onerror=\"document.titl
 
 both_stores!(dashboard_in_a_browser);
 both_stores!(progress_arrives_through_the_stream);
+both_stores!(progress_is_polled_when_the_stream_is_refused);
 
 async fn dashboard_in_a_browser(backend: Backend) {
     let Some(tools) = BrowserTools::find() else {
@@ -235,6 +237,61 @@ async fn progress_arrives_through_the_stream(backend: Backend) {
     assert!(status.contains("every 3600 s"), "{status}");
     browser.quit().await;
     eprintln!("dashboard[{backend:?}]: progress 0 -> 3 -> 6 and complete through the stream, polling hourly: OK");
+}
+
+/// With the replica's one event stream taken, the page's stream is refused
+/// (429): the page polls the parent (every second here) and still moves.
+async fn progress_is_polled_when_the_stream_is_refused(backend: Backend) {
+    let Some(tools) = BrowserTools::find() else {
+        return;
+    };
+    let (reader, reader_entry) = token("dashboard", &[Role::Reader], &[]);
+    let (admin, admin_entry) = token("ops", &[Role::Admin], &[]);
+    let limits = child_ledger::config::Limits {
+        max_event_streams: 1,
+        ..child_ledger::config::Limits::default()
+    };
+    let mut app = spawn_app_with_tokens_and_limits(backend, json!([reader_entry, admin_entry]), limits).await;
+    app.token = Some(admin);
+    let reply = app
+        .put("/v1/parents/polled-1", json!({"queue": QUEUE, "children": lines(4)}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    let taken = reqwest::Client::new()
+        .get(format!("{}/v1/queues/{QUEUE}/events", app.base))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status(), StatusCode::OK);
+
+    let browser = Browser::start(&tools).await;
+    browser.goto(&format!("{}/dashboard?poll=1#polled-1", app.base)).await;
+    browser.wait_text("#token-form", |t| t.contains("needs a token")).await;
+    browser.type_into("#token-input", &reader).await;
+    browser.click("#token-use").await;
+    browser.wait_fact("Processed", "0").await;
+    let claim_id = claim(&app, "polled-1", 4, 300, "worker-polled").await;
+    post_outcomes(
+        &app,
+        (0..3)
+            .map(|n| json!({"parent_id": "polled-1", "sequence": n, "outcome": "processed", "claim_id": claim_id}))
+            .collect(),
+    )
+    .await;
+    browser.wait_fact("Processed", "3").await;
+    let status = browser.text("#status").await;
+    assert!(!status.contains("parent live"), "{status}");
+    let refused = "return performance.getEntriesByType('resource') \
+                   .filter(e => e.name.endsWith('/v1/parents/polled-1/events') && e.responseStatus === 429).length";
+    assert_ne!(
+        browser.script(refused, json!([])).await,
+        json!(0),
+        "the page's stream was not refused"
+    );
+    browser.quit().await;
+    drop(taken);
+    eprintln!("dashboard[{backend:?}]: stream refused (429), progress 0 -> 3 by polling: OK");
 }
 
 /// Three parents: `order-1001` (events) mid-way with a failed child and one in
