@@ -22,6 +22,9 @@ use sqlx::Connection;
 mod cost;
 mod search;
 
+/// Event streams and trace export beside a burn-down (`--events-only`, and the full run).
+mod events;
+
 /// The tests' PgBouncer harness (transaction mode, a free port).
 #[allow(dead_code)]
 #[path = "../tests/common/pgbouncer.rs"]
@@ -41,6 +44,8 @@ struct Args {
     cost_only: bool,
     /// Only the children search (`search.*`).
     search_only: bool,
+    /// Only the event streams and trace export (`events.*`, `otel.*`).
+    events_only: bool,
     /// Another build's service binary, whose cost per child is measured
     /// beside this build's in the same run (`--baseline-bin PATH`).
     baseline_bin: Option<String>,
@@ -57,6 +62,7 @@ fn parse_args() -> Args {
         pooler_only: false,
         cost_only: false,
         search_only: false,
+        events_only: false,
         baseline_bin: None,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
@@ -73,6 +79,7 @@ fn parse_args() -> Args {
             "--pooler-only" => args.pooler_only = true,
             "--cost-only" => args.cost_only = true,
             "--search-only" => args.search_only = true,
+            "--events-only" => args.events_only = true,
             "--baseline-bin" => args.baseline_bin = it.next(),
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
@@ -206,6 +213,15 @@ impl Service {
 
     /// `start_with` of the service binary `bin` (this build's when `None`).
     async fn start_bin(bin: Option<&str>, database_url: &str, extra: &[&str]) -> Self {
+        Self::start_bin_env(bin, database_url, extra, &[]).await
+    }
+
+    /// `start_with`, with environment variables `env` set for the service.
+    async fn start_env(database_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_bin_env(None, database_url, extra, env).await
+    }
+
+    async fn start_bin_env(bin: Option<&str>, database_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -215,6 +231,7 @@ impl Service {
             .args(["--listen", &format!("127.0.0.1:{port}"), "--database-url", database_url])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -1426,6 +1443,9 @@ async fn main() {
     if args.search_only {
         return print_table(&search::search_scenarios(&args.admin_url, sizes.search).await);
     }
+    if args.events_only {
+        return print_table(&events::events_scenarios(&args.admin_url, sizes.burn).await);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1568,6 +1588,7 @@ async fn main() {
     scenarios.extend(through_pgbouncer(&args.admin_url, &sizes).await);
     scenarios.extend(cost_scenarios(&args, &sizes).await);
     scenarios.extend(search::search_scenarios(&args.admin_url, sizes.search).await);
+    scenarios.extend(events::events_scenarios(&args.admin_url, sizes.burn).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
     eprintln!("claim_latency_scale: 10k rows ...");

@@ -3,8 +3,11 @@
 //! asks for a token, shows queues, parents with their progress, a parent's
 //! failed child with its reason and its held child; a reader's retry is
 //! refused in words, an admin's retry makes the child pending again; the
-//! reconcile dry run shows a hand-made drift; polls come back 304. A
-//! screenshot lands in `target/dashboard-<store>.png`.
+//! reconcile dry run shows a hand-made drift; polls come back 304. With
+//! polling slowed to once an hour, a parent's progress and completion still
+//! reach the page, through its event stream (read with the bearer token);
+//! with the stream refused (429), the page polls the parent instead.
+//! A screenshot lands in `target/dashboard-<store>.png`.
 //!
 //! Without `chromium` and `chromedriver` the test is skipped with a loud
 //! message, and fails when `CI=true` or `LEDGER_REQUIRE_POSTGRES=1`.
@@ -27,6 +30,8 @@ const FAILED_REASON: &str = "remote rejected the event: card expired";
 const MARKUP_REASON: &str = "bad gateway from <img src=x onerror=\"document.title='xss'\"> upstream";
 
 both_stores!(dashboard_in_a_browser);
+both_stores!(progress_arrives_through_the_stream);
+both_stores!(progress_is_polled_when_the_stream_is_refused);
 
 async fn dashboard_in_a_browser(backend: Backend) {
     let Some(tools) = BrowserTools::find() else {
@@ -186,6 +191,107 @@ async fn dashboard_in_a_browser(backend: Backend) {
         seeded.as_secs_f64(),
         screenshot.display()
     );
+}
+
+/// The page polls once an hour (`?poll=3600`): after the first poll, the
+/// selected parent's progress and completion can only come from its event
+/// stream, and the page does not read the parent by polling meanwhile.
+async fn progress_arrives_through_the_stream(backend: Backend) {
+    let Some(tools) = BrowserTools::find() else {
+        return;
+    };
+    let (reader, reader_entry) = token("dashboard", &[Role::Reader], &[]);
+    let (admin, admin_entry) = token("ops", &[Role::Admin], &[]);
+    let mut app = spawn_app_with_tokens(backend, json!([reader_entry, admin_entry])).await;
+    app.token = Some(admin);
+    let reply = app
+        .put("/v1/parents/live-1", json!({"queue": QUEUE, "children": lines(6)}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+
+    let browser = Browser::start(&tools).await;
+    browser.goto(&format!("{}/dashboard?poll=3600#live-1", app.base)).await;
+    browser.wait_text("#token-form", |t| t.contains("needs a token")).await;
+    browser.type_into("#token-input", &reader).await;
+    browser.click("#token-use").await;
+    browser.wait_fact("Processed", "0").await;
+    browser.wait_text("#status", |t| t.contains("parent live")).await;
+    let parent_reads = "return performance.getEntriesByType('resource') \
+                        .filter(e => e.name.endsWith('/v1/parents/live-1')).length";
+    let polled = browser.script(parent_reads, json!([])).await;
+
+    let claim_id = claim(&app, "live-1", 6, 300, "worker-live").await;
+    let outcome = |n: u32| json!({"parent_id": "live-1", "sequence": n, "outcome": "processed", "claim_id": claim_id});
+    post_outcomes(&app, (0..3).map(outcome).collect()).await;
+    browser.wait_fact("Processed", "3").await;
+    browser.wait_fact("In flight", "3").await;
+    post_outcomes(&app, (3..6).map(outcome).collect()).await;
+    browser.wait_fact("Processed", "6").await;
+    browser.wait_text("#detail-state", |t| t == "complete").await;
+    assert_eq!(
+        browser.script(parent_reads, json!([])).await,
+        polled,
+        "the page polled the parent while its stream was open"
+    );
+    let status = browser.text("#status").await;
+    assert!(status.contains("every 3600 s"), "{status}");
+    browser.quit().await;
+    eprintln!("dashboard[{backend:?}]: progress 0 -> 3 -> 6 and complete through the stream, polling hourly: OK");
+}
+
+/// With the replica's one event stream taken, the page's stream is refused
+/// (429): the page polls the parent (every second here) and still moves.
+async fn progress_is_polled_when_the_stream_is_refused(backend: Backend) {
+    let Some(tools) = BrowserTools::find() else {
+        return;
+    };
+    let (reader, reader_entry) = token("dashboard", &[Role::Reader], &[]);
+    let (admin, admin_entry) = token("ops", &[Role::Admin], &[]);
+    let limits = child_ledger::config::Limits {
+        max_event_streams: 1,
+        ..child_ledger::config::Limits::default()
+    };
+    let mut app = spawn_app_with_tokens_and_limits(backend, json!([reader_entry, admin_entry]), limits).await;
+    app.token = Some(admin);
+    let reply = app
+        .put("/v1/parents/polled-1", json!({"queue": QUEUE, "children": lines(4)}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    let taken = reqwest::Client::new()
+        .get(format!("{}/v1/queues/{QUEUE}/events", app.base))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status(), StatusCode::OK);
+
+    let browser = Browser::start(&tools).await;
+    browser.goto(&format!("{}/dashboard?poll=1#polled-1", app.base)).await;
+    browser.wait_text("#token-form", |t| t.contains("needs a token")).await;
+    browser.type_into("#token-input", &reader).await;
+    browser.click("#token-use").await;
+    browser.wait_fact("Processed", "0").await;
+    let claim_id = claim(&app, "polled-1", 4, 300, "worker-polled").await;
+    post_outcomes(
+        &app,
+        (0..3)
+            .map(|n| json!({"parent_id": "polled-1", "sequence": n, "outcome": "processed", "claim_id": claim_id}))
+            .collect(),
+    )
+    .await;
+    browser.wait_fact("Processed", "3").await;
+    let status = browser.text("#status").await;
+    assert!(!status.contains("parent live"), "{status}");
+    let refused = "return performance.getEntriesByType('resource') \
+                   .filter(e => e.name.endsWith('/v1/parents/polled-1/events') && e.responseStatus === 429).length";
+    assert_ne!(
+        browser.script(refused, json!([])).await,
+        json!(0),
+        "the page's stream was not refused"
+    );
+    browser.quit().await;
+    drop(taken);
+    eprintln!("dashboard[{backend:?}]: stream refused (429), progress 0 -> 3 by polling: OK");
 }
 
 /// Three parents: `order-1001` (events) mid-way with a failed child and one in

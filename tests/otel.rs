@@ -3,13 +3,16 @@
 //! OpenTelemetry protobuf types). One producer's registration, two workers'
 //! claims and their outcomes share the producer's trace id, nested as a user
 //! reads them: producer → registration request, producer → child claimed
-//! (one per child) → the worker's own span → the outcome request.
+//! (one per child) → the worker's own span → the outcome request. The example
+//! workers (Python, Node, TypeScript) log each claimed child's `traceparent`
+//! and send it with the outcome post that reports it.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::examples::examples;
 use common::process::ServiceProcess;
 use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -173,3 +176,107 @@ async fn one_trace_from_producer_to_outcomes(backend: Backend) {
 }
 
 both_stores!(one_trace_from_producer_to_outcomes);
+
+/// Each example worker drains a queue of its own whose parent a producer
+/// registered in its trace: every child it was handed is logged with its
+/// `traceparent`, and the outcome post that reports the child nests under
+/// that child's `child claimed` span (the worker sent it as the header).
+async fn example_workers_hand_the_trace_on(backend: Backend) {
+    const CHILDREN: usize = 6;
+    let (endpoint, spans) = receiver().await;
+    let db = TestDatabase::new(backend).await;
+    let mut service = ServiceProcess::start_with_env(
+        "otel-examples",
+        &db.url,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    service.ready().await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    let dir = std::env::temp_dir().join(format!("child-ledger-otel-examples-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let examples = examples(&dir).await;
+    let mut logged = Vec::new();
+    for (n, example) in examples.iter().enumerate() {
+        let lang = example.lang;
+        let trace = format!("{:032x}", 0x7ace_0000_u128 + n as u128);
+        let queue = format!("traced-{lang}");
+        let r = http
+            .put(format!("{base}/v1/parents/W-{lang}"))
+            .header("traceparent", format!("00-{trace}-{PRODUCER_SPAN}-01"))
+            .json(&json!({"queue": queue, "children": children(CHILDREN)}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let run = tokio::process::Command::new(example.program)
+            .arg(&example.script)
+            .args(["--url", base.as_str(), "--queue", queue.as_str(), "--exit-when-empty"])
+            .args([
+                "--worker",
+                &format!("{lang}-traced"),
+                "--limit",
+                "4",
+                "--batch-size",
+                "10",
+            ])
+            .env_remove("LEDGER_TOKEN")
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .unwrap_or_else(|_| panic!("the {lang} worker did not finish within 60 s"))
+            .unwrap_or_else(|e| panic!("cannot start {} for the {lang} worker: {e}", example.program));
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{lang}: {}\n{stderr}", output.status);
+        // What the worker logged: the traceparent of each child it was handed.
+        let handed: Vec<String> = stderr
+            .lines()
+            .filter_map(|line| line.split_once("traceparent ").map(|(_, t)| t.trim().to_owned()))
+            .collect();
+        assert_eq!(handed.len(), CHILDREN, "{lang} logged {handed:?}:\n{stderr}");
+        logged.push((lang, trace, handed));
+    }
+
+    let status = service.terminate(Duration::from_secs(15)).await;
+    assert!(status.success(), "{status}");
+    let spans = spans.lock().unwrap().clone();
+    for (lang, trace, handed) in &logged {
+        let in_trace: Vec<&Span> = spans.iter().filter(|s| hex(&s.trace_id) == *trace).collect();
+        let described: Vec<String> = in_trace
+            .iter()
+            .map(|s| format!("{} {} <- {}", s.name, hex(&s.span_id), hex(&s.parent_span_id)))
+            .collect();
+        let claimed: Vec<String> = in_trace
+            .iter()
+            .filter(|s| s.name == "child claimed")
+            .map(|s| hex(&s.span_id))
+            .collect();
+        assert_eq!(claimed.len(), CHILDREN, "{lang}: {described:#?}");
+        for traceparent in handed {
+            let parts: Vec<&str> = traceparent.split('-').collect();
+            assert_eq!(parts.len(), 4, "{lang}: {traceparent}");
+            assert_eq!(parts[1], trace, "{lang}: {traceparent}");
+            assert!(
+                claimed.iter().any(|c| c == parts[2]),
+                "{lang}: {traceparent} names no claim span"
+            );
+            let outcome = in_trace
+                .iter()
+                .find(|s| hex(&s.parent_span_id) == parts[2])
+                .unwrap_or_else(|| panic!("{lang}: no outcome post under {traceparent} in {described:#?}"));
+            assert_eq!(outcome.name, "POST /v1/outcomes", "{lang}: {described:#?}");
+            assert_eq!(attribute(outcome, "http.response.status_code").as_deref(), Some("200"));
+        }
+    }
+    let langs: Vec<&str> = logged.iter().map(|(lang, ..)| *lang).collect();
+    eprintln!("{backend:?}: {langs:?} each sent {CHILDREN} outcomes in their children's trace context");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+both_stores!(example_workers_hand_the_trace_on);

@@ -13,10 +13,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::examples::{Example, examples};
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -26,83 +27,6 @@ use tokio::process::{Child, Command};
 const PARENTS: usize = 6;
 const CHILDREN: usize = 100;
 const QUEUE: &str = "polyglot";
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// One example worker: its language, and the program and script that run it.
-struct Example {
-    lang: &'static str,
-    program: &'static str,
-    script: PathBuf,
-}
-
-/// The examples to run: Python and Node, and TypeScript compiled into `dir`
-/// when the generated types and tsc are there.
-async fn examples(dir: &Path) -> Vec<Example> {
-    let mut examples = vec![
-        Example {
-            lang: "python",
-            program: "python3",
-            script: root().join("examples/python/worker.py"),
-        },
-        Example {
-            lang: "node",
-            program: "node",
-            script: root().join("examples/node/worker.mjs"),
-        },
-    ];
-    if let Some(script) = compile_typescript(dir).await {
-        examples.push(Example {
-            lang: "typescript",
-            program: "node",
-            script,
-        });
-    }
-    examples
-}
-
-/// Compiles examples/typescript/worker.ts with `tsc --strict` (its
-/// tsconfig.json) into `dir`; `None`, after a loud message, when the generated
-/// types or tsc are missing and nothing requires them.
-async fn compile_typescript(dir: &Path) -> Option<PathBuf> {
-    let generated = root().join("target/clients/typescript");
-    let tsc = generated.join("node_modules/.bin/tsc");
-    let needed = [
-        tsc.clone(),
-        generated.join("ledger.d.ts"),
-        generated.join("node_modules/@types/node/package.json"),
-    ];
-    if let Some(missing) = needed.iter().find(|path| !path.exists()) {
-        missing_tool(
-            &format!(
-                "{} is missing: run .ci/clients to generate the TypeScript types and install tsc",
-                missing.display()
-            ),
-            "the TypeScript worker is (Python and Node still run)",
-        );
-        return None;
-    }
-    let out = dir.join("typescript");
-    let output = Command::new(&tsc)
-        .arg("-p")
-        .arg(root().join("examples/typescript"))
-        .arg("--outDir")
-        .arg(&out)
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tsc.display()));
-    assert!(
-        output.status.success(),
-        "tsc --strict refuses examples/typescript/worker.ts:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    // The compiled worker is an ES module (top-level await), as worker.mjs is.
-    std::fs::write(out.join("package.json"), r#"{"private": true, "type": "module"}"#).unwrap();
-    Some(out.join("worker.js"))
-}
 
 /// Starts one worker with a worker token (Python takes it as `--token`, Node
 /// and TypeScript from `LEDGER_TOKEN`: the two ways the examples accept it);

@@ -13,7 +13,8 @@
 // 1. Claim a leased chunk: POST /v1/queues/{queue}/claims
 //        {"limit": 50, "lease_seconds": 30, "worker": "node-123", "wait_seconds": 5}
 //    -> {"claim_id": "<uuid>", "lease_expires_at": "...", "children": [{"parent_id",
-//        "sequence", "key", "payload", "attempt", "idempotency_key", "previous_attempt"}]}
+//        "sequence", "key", "payload", "attempt", "idempotency_key", "previous_attempt",
+//        "traceparent"}]}
 //    An empty "children" list means nothing was claimable (after long-polling up
 //    to wait_seconds, 0-20).
 // 2. Keep the lease while working: a background timer calls
@@ -34,6 +35,11 @@
 //    write wins. ("duplicate" is also what a retried post gets for its own
 //    earlier write, so "not_applied" in the summary counts those too.) Outcomes
 //    are not fenced by the lease: a late write still counts if it is the first.
+//    Trace context: a child's "traceparent" (W3C, or null) is logged and sent as
+//    the `traceparent` header of the outcome post that reports it, so the outcome
+//    joins the producer's trace; a batch holds children of one traceparent only
+//    (with the service exporting traces, each claimed child has its own, and its
+//    outcome goes alone).
 // 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
 //    already computed, give the rest back with POST /v1/claims/{claim_id}/release
 //    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
@@ -54,7 +60,7 @@
 //    record stay leased to it until their lease runs out; it claims on until
 //    then). Other workers' leases are theirs: it does not wait for them.
 //
-// stderr gets one log line per chunk; stdout gets one JSON line at exit:
+// stderr gets one log line per chunk (and one per child that carries a traceparent); stdout gets one JSON line at exit:
 // {"worker", "lang", "claimed", "processed", "failed", "deduplicated", "not_applied",
 //  "released", "abandoned"}, where claimed = processed + failed + not_applied +
 // released + abandoned ("deduplicated" is part of "processed"; "abandoned" children
@@ -144,7 +150,7 @@ if ([limit, leaseSeconds, waitSeconds, batchSize, workMs].some((n) => !Number.is
 const stats = { claimed: 0, processed: 0, failed: 0, deduplicated: 0, not_applied: 0, released: 0, abandoned: 0 };
 
 /** JSON over HTTP, retrying transient failures. */
-async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOnStop = false } = {}) {
+async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOnStop = false, traceparent } = {}) {
   let delay = 500;
   for (let attempt = 1; ; attempt++) {
     let why;
@@ -152,7 +158,7 @@ async function call(method, path, body, { timeoutMs = 30000, tries = 8, giveUpOn
     try {
       const response = await fetch(base + path, {
         method,
-        headers,
+        headers: traceparent ? { ...headers, traceparent } : headers,
         body: body === undefined ? undefined : JSON.stringify(body),
         signal: AbortSignal.timeout(timeoutMs),
       });
@@ -266,10 +272,10 @@ async function outcomeFor(claimId, child) {
   return [{ ...item, outcome: "processed", result }, false];
 }
 
-async function postOutcomes(batch) {
+async function postOutcomes(batch, traceparent) {
   let answer;
   try {
-    answer = await call("POST", "/v1/outcomes", { outcomes: batch.map(([item]) => item) });
+    answer = await call("POST", "/v1/outcomes", { outcomes: batch.map(([item]) => item) }, { traceparent });
   } catch (err) {
     log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
       + err.message);
@@ -308,15 +314,24 @@ async function workChunk(claimId, children) {
   const lease = keepLease(claimId);
   const todo = [...children];
   let batch = [];
+  let trace = null;
   try {
     while (todo.length && !stopping && !lease.expired()) {
-      batch.push(await outcomeFor(claimId, todo.shift()));
+      const child = todo.shift();
+      // One traceparent per outcome post: a child of another trace context starts a batch.
+      if (batch.length && (child.traceparent ?? null) !== trace) {
+        await postOutcomes(batch, trace);
+        batch = [];
+      }
+      trace = child.traceparent ?? null;
+      if (trace) log(`${child.parent_id}/${child.sequence}: traceparent ${trace}`);
+      batch.push(await outcomeFor(claimId, child));
       if (batch.length >= batchSize) {
-        await postOutcomes(batch);
+        await postOutcomes(batch, trace);
         batch = [];
       }
     }
-    if (batch.length) await postOutcomes(batch);
+    if (batch.length) await postOutcomes(batch, trace);
   } finally {
     lease.stop();
   }

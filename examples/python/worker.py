@@ -13,7 +13,8 @@ the OpenAPI document, openapi/openapi.json in the repository and GET
 1. Claim a leased chunk: POST /v1/queues/{queue}/claims
        {"limit": 50, "lease_seconds": 30, "worker": "python-123", "wait_seconds": 5}
    -> {"claim_id": "<uuid>", "lease_expires_at": "...", "children": [{"parent_id",
-       "sequence", "key", "payload", "attempt", "idempotency_key", "previous_attempt"}]}
+       "sequence", "key", "payload", "attempt", "idempotency_key", "previous_attempt",
+       "traceparent"}]}
    An empty "children" list means nothing was claimable (after long-polling up
    to wait_seconds, 0-20).
 2. Keep the lease while working: a background timer calls
@@ -34,6 +35,11 @@ the OpenAPI document, openapi/openapi.json in the repository and GET
    write wins. ("duplicate" is also what a retried post gets for its own
    earlier write, so "not_applied" in the summary counts those too.) Outcomes
    are not fenced by the lease: a late write still counts if it is the first.
+   Trace context: a child's "traceparent" (W3C, or null) is logged and sent as
+   the `traceparent` header of the outcome post that reports it, so the outcome
+   joins the producer's trace; a batch holds children of one traceparent only
+   (with the service exporting traces, each claimed child has its own, and its
+   outcome goes alone).
 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
    already computed, give the rest back with POST /v1/claims/{claim_id}/release
    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
@@ -54,7 +60,7 @@ the OpenAPI document, openapi/openapi.json in the repository and GET
    record stay leased to it until their lease runs out; it claims on until
    then). Other workers' leases are theirs: it does not wait for them.
 
-stderr gets one log line per chunk; stdout gets one JSON line at exit:
+stderr gets one log line per chunk (and one per child that carries a traceparent); stdout gets one JSON line at exit:
 {"worker", "lang", "claimed", "processed", "failed", "deduplicated", "not_applied",
  "released", "abandoned"}, where claimed = processed + failed + not_applied +
 released + abandoned ("deduplicated" is part of "processed"; "abandoned" children
@@ -106,11 +112,12 @@ class Ledger:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    def call(self, method, path, body=None, timeout=30, tries=8, give_up_on_stop=False):
+    def call(self, method, path, body=None, timeout=30, tries=8, give_up_on_stop=False, traceparent=None):
         data = None if body is None else json.dumps(body).encode()
+        headers = dict(self.headers, traceparent=traceparent) if traceparent else self.headers
         delay = 0.5
         for attempt in range(1, tries + 1):
-            request = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
+            request = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=timeout) as response:
                     raw = response.read()
@@ -249,15 +256,23 @@ class Worker:
         self.stats["claimed"] += len(children)
         keeper = LeaseKeeper(self.api, claim_id, self.args.lease_seconds)
         keeper.start()
-        todo, batch = list(children), []
+        todo, batch, trace = list(children), [], None
         try:
             while todo and not self.stop.is_set() and not keeper.expired():
-                batch.append(self.outcome_for(claim_id, todo.pop(0)))
+                child = todo.pop(0)
+                # One traceparent per outcome post: a child of another trace context starts a batch.
+                if batch and child.get("traceparent") != trace:
+                    self.post_outcomes(batch, trace)
+                    batch = []
+                trace = child.get("traceparent")
+                if trace:
+                    log(f"{child['parent_id']}/{child['sequence']}: traceparent {trace}")
+                batch.append(self.outcome_for(claim_id, child))
                 if len(batch) >= self.args.batch_size:
-                    self.post_outcomes(batch)
+                    self.post_outcomes(batch, trace)
                     batch = []
             if batch:
-                self.post_outcomes(batch)
+                self.post_outcomes(batch, trace)
         finally:
             keeper.done.set()
         if todo:  # never started: give back what this claim still holds
@@ -285,9 +300,10 @@ class Worker:
         self.effects.mark_done(key)
         return dict(item, outcome="processed", result=result), False
 
-    def post_outcomes(self, batch):
+    def post_outcomes(self, batch, traceparent):
         try:
-            answer = self.api.call("POST", "/v1/outcomes", {"outcomes": [item for item, _ in batch]})
+            answer = self.api.call("POST", "/v1/outcomes", {"outcomes": [item for item, _ in batch]},
+                                   traceparent=traceparent)
         except (Problem, Unavailable) as err:
             log(f"{len(batch)} outcomes not recorded "
                 f"(the children come back when the lease runs out): {err}")

@@ -14,7 +14,10 @@
 // With access control on, give a token with the `worker` role (--token, or
 // LEDGER_TOKEN in the environment): it is sent as `Authorization: Bearer`.
 //
-// stderr gets one log line per chunk; stdout gets one JSON line at exit:
+// A claimed child's "traceparent" is logged and sent as the `traceparent` header
+// of the outcome post that reports it (a batch holds one trace context only).
+//
+// stderr gets one log line per chunk (and one per child that carries a traceparent); stdout gets one JSON line at exit:
 // {"worker", "lang": "typescript", "claimed", "processed", "failed", "deduplicated",
 //  "not_applied", "released", "abandoned"}, with the meanings of worker.mjs.
 
@@ -46,6 +49,8 @@ interface CallOptions {
   timeoutMs?: number;
   tries?: number;
   giveUpOnStop?: boolean;
+  /** The W3C trace context the request belongs to (the `traceparent` header). */
+  traceparent?: string | null;
 }
 
 const LANG = "typescript";
@@ -152,7 +157,7 @@ async function call<P extends keyof paths, M extends Method>(
   method: M,
   template: P,
   request: Request<Operation<P, M>>,
-  { timeoutMs = 30000, tries = 8, giveUpOnStop = false }: CallOptions = {},
+  { timeoutMs = 30000, tries = 8, giveUpOnStop = false, traceparent }: CallOptions = {},
 ): Promise<Answer<Operation<P, M>>> {
   const params = (request.path ?? {}) as Record<string, string | number>;
   let path: string = template.replace(/\{(\w+)\}/g, (_, name: string) => encodeURIComponent(String(params[name])));
@@ -171,7 +176,7 @@ async function call<P extends keyof paths, M extends Method>(
     try {
       const response = await fetch(base + path, {
         method: verb,
-        headers,
+        headers: traceparent ? { ...headers, traceparent } : headers,
         body: request.body === undefined ? undefined : JSON.stringify(request.body),
         signal: AbortSignal.timeout(timeoutMs),
       });
@@ -303,10 +308,12 @@ async function outcomeFor(claimId: string, child: ClaimedChild): Promise<Compute
   return [{ ...item, outcome: "processed", result }, false];
 }
 
-async function postOutcomes(batch: Computed[]): Promise<void> {
+/** Posts one batch of outcomes, in the trace context their children were handed. */
+async function postOutcomes(batch: Computed[], traceparent: string | null): Promise<void> {
   let answer;
   try {
-    answer = await call("post", "/v1/outcomes", { body: { outcomes: batch.map(([item]) => item) } });
+    answer = await call("post", "/v1/outcomes", { body: { outcomes: batch.map(([item]) => item) } },
+      { traceparent });
   } catch (err) {
     log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
       + (err instanceof Error ? err.message : String(err)));
@@ -347,15 +354,24 @@ async function workChunk(claimId: string, children: ClaimedChild[]): Promise<voi
   const lease = keepLease(claimId);
   const todo = [...children];
   let batch: Computed[] = [];
+  let trace: string | null = null;
   try {
     while (todo.length && !stopping && !lease.expired()) {
-      batch.push(await outcomeFor(claimId, todo.shift()!));
+      const child = todo.shift()!;
+      // One traceparent per outcome post: a child of another trace context starts a batch.
+      if (batch.length && (child.traceparent ?? null) !== trace) {
+        await postOutcomes(batch, trace);
+        batch = [];
+      }
+      trace = child.traceparent ?? null;
+      if (trace) log(`${child.parent_id}/${child.sequence}: traceparent ${trace}`);
+      batch.push(await outcomeFor(claimId, child));
       if (batch.length >= batchSize) {
-        await postOutcomes(batch);
+        await postOutcomes(batch, trace);
         batch = [];
       }
     }
-    if (batch.length) await postOutcomes(batch);
+    if (batch.length) await postOutcomes(batch, trace);
   } finally {
     lease.stop();
   }

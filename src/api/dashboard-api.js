@@ -84,3 +84,47 @@ export function useToken(value) {
   else sessionStorage.removeItem(TOKEN_KEY);
   seen.clear();
 }
+
+/** Reads the server-sent events of `url` with the same bearer token as every
+ * other call (`EventSource` cannot send one): fetch, then its body as a
+ * stream. `onOpen()` once the service answered with a stream, then
+ * `onEvent({event, id, data})` for each event (comments and heartbeats are
+ * skipped), until the stream ends (it returns) or `signal` aborts (it throws).
+ * An error answer throws `Unauthorized` or `Problem`, as `getJson` does. */
+export async function readEvents(url, { signal, lastEventId, onOpen, onEvent }) {
+  const sentWith = token;
+  const extra = { Accept: "text/event-stream" };
+  if (lastEventId) extra["Last-Event-ID"] = lastEventId;
+  const response = await fetch(url, { headers: headers(extra), cache: "no-store", signal });
+  if (response.status === 401) throw new Unauthorized(sentWith, await bodyOf(response));
+  if (!response.ok) throw new Problem(response.status, await bodyOf(response));
+  if (!response.body || !(response.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
+    throw new Problem(response.status, { detail: "the answer is not an event stream" });
+  }
+  onOpen();
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let event = { event: "message", id: null, data: [] };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, end).replace(/\r$/, "");
+      buffer = buffer.slice(end + 1);
+      if (line === "") {
+        if (event.data.length) onEvent({ event: event.event, id: event.id, data: event.data.join("\n") });
+        event = { event: "message", id: null, data: [] };
+        continue;
+      }
+      if (line.startsWith(":")) continue; // a comment: the heartbeat
+      const colon = line.indexOf(":");
+      const field = colon < 0 ? line : line.slice(0, colon);
+      const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+      if (field === "event") event.event = text;
+      else if (field === "data") event.data.push(text);
+      else if (field === "id") event.id = text;
+    }
+  }
+}

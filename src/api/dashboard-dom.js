@@ -97,3 +97,26 @@ export function setStatus(text, bad) {
   node.textContent = text;
   node.classList.toggle("bad", Boolean(bad));
 }
+
+/** Where a paged table is: the cursor of the page shown, the ones before it, the next. */
+export class Pager {
+  constructor() {
+    this.reset();
+  }
+  reset() {
+    this.at = null; // the cursor of the page shown (null: the first)
+    this.back = [];
+    this.next = null;
+  }
+  forward() {
+    if (this.next === null) return false;
+    this.back.push(this.at);
+    this.at = this.next;
+    return true;
+  }
+  backward() {
+    if (!this.back.length) return false;
+    this.at = this.back.pop();
+    return true;
+  }
+}

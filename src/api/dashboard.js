@@ -1,12 +1,16 @@
 // The child-ledger dashboard: queues, parents and one parent's failed and
 // held children, polled from the /v1 API every few seconds (see
 // dashboard-api.js for the ETags and the token, dashboard-dom.js for how
-// values reach the page: as text only).
+// values reach the page: as text only); the selected parent live through its
+// event stream (dashboard-live.js), polled while that stream is down.
 
 import { Problem, Unauthorized, currentToken, getJson, parentPath, postJson, useToken } from "./dashboard-api.js";
-import { $, badge, el, flash, fmt, note, num, progress, rate, setStatus, since, tick } from "./dashboard-dom.js";
+import { isLive, stop as stopLive, watch } from "./dashboard-live.js";
+import { reconcileDryRun } from "./dashboard-reconcile.js";
+import { $, Pager, badge, el, flash, fmt, note, num, progress, rate, setStatus, since, tick } from "./dashboard-dom.js";
 
-const POLL_MS = 3000;
+// Every 3 s, or `?poll=<seconds>` (1-3600).
+const POLL_MS = 1000 * Math.min(3600, Math.max(1, Number(new URLSearchParams(location.search).get("poll")) || 3));
 const PARENTS_PAGE = 50;
 const CHILDREN_PAGE = 100;
 const QUEUE_NAME = /^[a-z0-9._-]{1,64}$/;
@@ -14,28 +18,6 @@ const QUEUE_NAME = /^[a-z0-9._-]{1,64}$/;
 let waitingForToken = false;
 
 // ---------------------------------------------------------------- view state
-
-class Pager {
-  constructor() {
-    this.reset();
-  }
-  reset() {
-    this.at = null; // the cursor of the page shown (null: the first)
-    this.back = [];
-    this.next = null;
-  }
-  forward() {
-    if (this.next === null) return false;
-    this.back.push(this.at);
-    this.at = this.next;
-    return true;
-  }
-  backward() {
-    if (!this.back.length) return false;
-    this.at = this.back.pop();
-    return true;
-  }
-}
 
 // A link to the dashboard may name a parent: /dashboard#P-42.
 function parentInHash() {
@@ -217,6 +199,7 @@ function select(id) {
   drawn.parent = drawn.failed = drawn.held = null;
   history.replaceState(null, "", id ? `#${encodeURIComponent(id)}` : location.pathname + location.search);
   $("detail").hidden = !id;
+  watchSelected();
   if (!id) {
     drawn.parents = null;
     refresh();
@@ -244,9 +227,10 @@ async function loadDetail() {
   const id = view.selected;
   if (!id) return;
   let parent, failed, held;
+  const streamed = isLive(id) && drawn.parent ? drawn.parent : null; // its stream's, while open
   try {
     [parent, failed, held] = await Promise.all([
-      getJson(parentPath(id)),
+      streamed ?? getJson(parentPath(id)),
       getJson(childrenUrl(id, "failed", view.failed)),
       getJson(childrenUrl(id, "held", view.held)),
     ]);
@@ -258,6 +242,8 @@ async function loadDetail() {
     return;
   }
   if (view.selected !== id) return; // another parent was chosen meanwhile
+  // An event may have drawn a newer parent while the lists were read.
+  if (streamed) parent = drawn.parent;
   note("detail-note", "");
   if (parent !== drawn.parent) {
     drawn.parent = parent;
@@ -370,71 +356,9 @@ async function retry(parentId, sequence, button) {
   }
 }
 
-async function runReconcile() {
-  const id = view.selected;
-  if (!id) return;
-  const verdict = $("reconcile-verdict");
-  verdict.className = "verdict";
-  verdict.textContent = "Comparing the stored counters with the child rows…";
-  let answer;
-  try {
-    answer = await postJson(`${parentPath(id)}/reconcile`, { dry_run: true });
-  } catch (err) {
-    if (err instanceof Unauthorized) askForToken(err);
-    else if (view.selected === id) verdict.textContent = `The dry run did not reach the service: ${err.message}`;
-    return;
-  }
-  if (view.selected !== id) return;
-  const { status, body } = answer;
-  if (status !== 200) {
-    $("reconcile-table").hidden = true;
-    verdict.className = "verdict muted";
-    verdict.textContent =
-      status === 403
-        ? "The reconcile dry run needs an admin token; this token may only look."
-        : `The dry run answered ${status}: ${body?.detail || body?.title || "no detail"}`;
-    return;
-  }
-  drawReconcile(body);
+function runReconcile() {
+  if (view.selected) reconcileDryRun(view.selected, { current: () => view.selected, askForToken });
 }
-
-function drawReconcile(report) {
-  const changes = Array.isArray(report.changes) ? report.changes : [];
-  const changed = new Set(changes.map((c) => c.field));
-  const stored = report.stored || {};
-  const derived = report.derived || {};
-  const verdict = $("reconcile-verdict");
-  if (changes.length) {
-    verdict.className = "verdict drift";
-    verdict.textContent = `Drift in ${changes.length} field${changes.length === 1 ? "" : "s"}: ${changes
-      .map((c) => `${c.field} ${show(c.from)} → ${show(c.to)}`)
-      .join(", ")}. A reconcile without dry_run would write the values from the child rows.`;
-  } else {
-    verdict.className = "verdict ok";
-    verdict.textContent = "No drift: the stored counters agree with the child rows.";
-  }
-  verdict.append(el("span", { className: "muted" }, ` Checked ${new Date().toLocaleTimeString()}.`));
-  // Every counter either side reports, so a counter the service adds shows too.
-  const counters = [...new Set([...Object.keys(stored), ...Object.keys(derived)])].filter(
-    (field) => typeof stored[field] === "number" || typeof derived[field] === "number",
-  );
-  const rows = counters.map((field) =>
-    el("tr", { className: changed.has(field) ? "changed" : "" }, el("td", null, field), el("td", { className: "num-left" }, fmt(stored[field])), el("td", { className: "num-left" }, fmt(derived[field]))),
-  );
-  rows.push(
-    el(
-      "tr",
-      { className: changed.has("completed_at") ? "changed" : "" },
-      el("td", null, "completed_at"),
-      el("td", null, stored.completed_at ? new Date(stored.completed_at).toLocaleString() : "not set"),
-      el("td", null, derived.complete ? "complete" : "not complete"),
-    ),
-  );
-  $("reconcile-table").tBodies[0].replaceChildren(...rows);
-  $("reconcile-table").hidden = false;
-}
-
-const show = (value) => (value === null || value === undefined ? "null" : String(value));
 
 // ---------------------------------------------------------------- token
 
@@ -458,6 +382,7 @@ function askForToken(unauthorized) {
 }
 
 function switchToken(value) {
+  stopLive();
   useToken(value);
   drawn = {};
   waitingForToken = false;
@@ -466,7 +391,35 @@ function switchToken(value) {
   $("token-form").classList.remove("asking");
   drawTokenButton();
   refresh();
+  watchSelected();
   if (view.selected) runReconcile();
+}
+
+// ---------------------------------------------------------------- live
+
+// The selected parent's stream, while the page is visible.
+function watchSelected() {
+  if (document.hidden || !view.selected) {
+    stopLive();
+    return;
+  }
+  watch(view.selected, {
+    draw(parent) {
+      if (parent.parent_id !== view.selected || parent === drawn.parent) return;
+      drawn.parent = parent;
+      note("detail-note", "");
+      drawParent(parent);
+    },
+    changed(live) {
+      if (!waitingForToken) setStatus(statusLine(), false);
+      if (!live) refresh(); // polling catches up with what the stream missed
+    },
+  });
+}
+
+function statusLine() {
+  const live = view.selected && isLive(view.selected) ? " · parent live" : "";
+  return `Updated ${new Date().toLocaleTimeString()} · every ${POLL_MS / 1000} s${live}`;
 }
 
 // ---------------------------------------------------------------- polling
@@ -498,7 +451,7 @@ async function pollOnce() {
   if (waitingForToken || document.hidden) return;
   try {
     await Promise.all([loadQueues(), loadParents(), loadDetail()]);
-    if (!waitingForToken) setStatus(`Updated ${new Date().toLocaleTimeString()} · every ${POLL_MS / 1000} s`, false);
+    if (!waitingForToken) setStatus(statusLine(), false);
   } catch (err) {
     if (err instanceof Unauthorized) askForToken(err);
     else setStatus(`Cannot reach the service: ${err.message}`, true);
@@ -538,6 +491,7 @@ $("token-form").addEventListener("submit", (event) => {
 });
 $("token-forget").addEventListener("click", () => switchToken(""));
 document.addEventListener("visibilitychange", () => {
+  watchSelected();
   if (!document.hidden) refresh();
 });
 

@@ -1,6 +1,7 @@
 //! The built-in dashboard: one page of HTML, CSS and JavaScript compiled into
 //! the binary, so it works with no network access. The page holds no data:
-//! its script polls the `/v1` API with the token the user enters, so the page
+//! its script polls the `/v1` API, and reads the selected parent's event
+//! stream, with the token the user enters, so the page
 //! itself is open, like `/docs`, and each API call is guarded as usual.
 
 use axum::Router;
@@ -16,7 +17,7 @@ const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
 /// The page and the files it loads (relative to `/dashboard`, so the page
 /// also works behind a proxy that serves the service under a path prefix).
-const FILES: [(&str, &str, &str); 5] = [
+const FILES: [(&str, &str, &str); 7] = [
     ("/dashboard", HTML, include_str!("dashboard.html")),
     ("/dashboard/dashboard.css", CSS, include_str!("dashboard.css")),
     ("/dashboard/dashboard.js", JAVASCRIPT, include_str!("dashboard.js")),
@@ -29,6 +30,16 @@ const FILES: [(&str, &str, &str); 5] = [
         "/dashboard/dashboard-dom.js",
         JAVASCRIPT,
         include_str!("dashboard-dom.js"),
+    ),
+    (
+        "/dashboard/dashboard-live.js",
+        JAVASCRIPT,
+        include_str!("dashboard-live.js"),
+    ),
+    (
+        "/dashboard/dashboard-reconcile.js",
+        JAVASCRIPT,
+        include_str!("dashboard-reconcile.js"),
     ),
 ];
 

@@ -2,6 +2,7 @@
 //! fresh database (a new Postgres database or a new SQLite file) and talks HTTP.
 #![allow(dead_code)]
 
+pub mod examples;
 pub mod pgbouncer;
 pub mod process;
 pub mod raw;
