@@ -73,7 +73,9 @@ pub struct ChildSpec {
     skip: Option<String>,
     /// This child's W3C trace context, handed back with its claims (instead
     /// of the registration's `traceparent` header). Not part of its content.
+    /// One W3C says to ignore (version `ff`, an all-zero id) is kept as none.
     #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    #[schema(pattern = "^[0-9a-fA-F]{2}-[0-9a-fA-F]{32}-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}$")]
     traceparent: Option<String>,
 }
 
@@ -91,6 +93,7 @@ pub struct AppendChild {
     #[schema(min_length = 1)]
     skip: Option<String>,
     /// This child's W3C trace context (see registration).
+    #[schema(pattern = "^[0-9a-fA-F]{2}-[0-9a-fA-F]{32}-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}$")]
     traceparent: Option<String>,
 }
 

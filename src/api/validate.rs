@@ -81,10 +81,11 @@ impl ChildChecker {
             }
             None => null_payload(),
         };
-        let traceparent = traceparent
-            .map(|t| crate::ledger::trace::parse_traceparent(&t))
-            .transpose()
-            .map_err(|why| ApiError::invalid(format!("{field}.traceparent"), why))?;
+        let traceparent = match traceparent {
+            Some(t) => crate::ledger::trace::traceparent_field(&t)
+                .map_err(|why| ApiError::invalid(format!("{field}.traceparent"), why))?,
+            None => None,
+        };
         Ok(NewChild {
             sequence,
             key,

@@ -24,6 +24,23 @@ pub fn parse_traceparent(raw: &str) -> Result<String, String> {
     Ok(value)
 }
 
+/// A child's `traceparent` field as the API document describes it (the
+/// pattern `^[0-9a-fA-F]{2}-[0-9a-fA-F]{32}-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}$`):
+/// anything else is refused, naming the shape. One of that shape that W3C
+/// says to ignore (version `ff`, an all-zero trace or span id) is kept as
+/// none, as an invalid `traceparent` header is.
+pub fn traceparent_field(raw: &str) -> Result<Option<String>, String> {
+    let shaped = raw.len() == 55
+        && raw.split('-').map(str::len).eq([2, 32, 16, 2])
+        && raw.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit());
+    if !shaped {
+        return Err(
+            "must be a W3C traceparent: <2 hex version>-<32 hex trace id>-<16 hex span id>-<2 hex flags>".to_owned(),
+        );
+    }
+    Ok(parse_traceparent(raw).ok())
+}
+
 /// The trace id of a valid `traceparent`.
 pub fn trace_id(traceparent: &str) -> &str {
     traceparent.split('-').nth(1).unwrap_or("")
@@ -51,5 +68,29 @@ mod tests {
             assert!(parse_traceparent(bad).is_err(), "{bad:?}");
         }
         assert!(parse_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later").is_ok());
+    }
+
+    #[test]
+    fn a_child_field_is_refused_only_off_the_documented_shape() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(traceparent_field(ok).unwrap().as_deref(), Some(ok));
+        assert_eq!(traceparent_field(&ok.to_uppercase()).unwrap().as_deref(), Some(ok));
+        for ignored in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(traceparent_field(ignored).unwrap(), None, "{ignored:?}");
+        }
+        for bad in [
+            "",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00+4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(traceparent_field(bad).is_err(), "{bad:?}");
+        }
     }
 }
