@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use crate::access::QueueScope;
 use crate::ledger::{QueueName, SweepReport};
-use crate::store::{Store, StoreOptions, backend_of};
+use crate::store::{Store, StoreOptions, SweepQuery, backend_of};
 
 /// Parents the command-line sweep checks per call: how often it reports progress.
 const PAGE: i64 = 500;
@@ -94,7 +94,13 @@ pub async fn reconcile(
     let mut after = 0;
     loop {
         let page = store
-            .reconcile_sweep(queue, &every, dry_run, after, PAGE)
+            .reconcile_sweep(SweepQuery {
+                queue,
+                within: &every,
+                dry_run,
+                after,
+                limit: PAGE,
+            })
             .await
             .context("reconciling")?;
         report.checked += page.checked;

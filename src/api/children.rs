@@ -14,7 +14,7 @@ use super::validate::page_limit;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{Child, ChildState, ParentId, QueueName};
 use crate::state::AppState;
-use crate::store::ChildFilter;
+use crate::store::{ChildFilter, ChildPageQuery};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -67,10 +67,12 @@ async fn list_children(
     let page = state
         .store
         .children(
-            &parent_id,
-            query.state,
-            query.after,
-            limit,
+            ChildPageQuery {
+                parent_id: &parent_id,
+                state: query.state,
+                after: query.after,
+                limit,
+            },
             state.limits.response_budget(),
         )
         .await?;

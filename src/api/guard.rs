@@ -55,7 +55,20 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
         (_, "/healthz" | "/readyz") => None,
         // A job's report names parents of every queue it reached.
         ("GET" | "HEAD", "/v1/reconcile/jobs/{job_id}") => Some(Role::Admin),
-        ("GET" | "HEAD", _) => Some(Role::Reader),
+        (
+            "GET" | "HEAD",
+            "/metrics"
+            | "/v1/children"
+            | "/v1/parents"
+            | "/v1/parents/{parent_id}"
+            | "/v1/parents/{parent_id}/children"
+            | "/v1/parents/{parent_id}/children/{sequence}"
+            | "/v1/parents/{parent_id}/deliveries"
+            | "/v1/parents/{parent_id}/events"
+            | "/v1/queues"
+            | "/v1/queues/{queue}"
+            | "/v1/queues/{queue}/events",
+        ) => Some(Role::Reader),
         ("PUT", "/v1/parents/{parent_id}")
         | ("POST", "/v1/parents/{parent_id}/children" | "/v1/parents/{parent_id}/seal") => Some(Role::Producer),
         (
@@ -198,18 +211,23 @@ pub async fn guard(
     let needed = match rule(request.method(), matched.as_str()) {
         Some(Rule::Open) => return next.run(request).await,
         Some(Rule::Needs(role)) => role,
-        // Denied by default: an operation with no rule is nobody's.
-        None if operations.contains(request.method(), matched.as_str()) => {
+        // Denied by default: an operation with no rule is nobody's, whether
+        // the document lists it (the service does not start then) or it was
+        // routed without being documented.
+        None => {
             state.metrics.auth_failure("forbidden");
+            let documented = if operations.contains(request.method(), matched.as_str()) {
+                ""
+            } else {
+                " (nor is it in the OpenAPI document)"
+            };
             return ApiError::Forbidden(format!(
-                "{} {} has no access rule: no token may call it",
+                "{} {} has no access rule{documented}: no token may call it",
                 request.method(),
                 matched.as_str()
             ))
             .into_response();
         }
-        // Not a method of this route: nothing runs, and axum answers 405.
-        None => return next.run(request).await,
     };
     let route = matched.as_str();
     match admit(&state, needed, &params, request.method(), route, request.headers()).await {
@@ -447,6 +465,9 @@ mod tests {
             Some(Role::Admin)
         );
         assert_eq!(needed_role(&Method::PUT, "/metrics"), None, "not a route: 405");
+        // A read is named like any other operation: a new route has no rule
+        // (and is refused) until the table gives it one.
+        assert_eq!(rule(&Method::GET, "/v1/parents/{parent_id}/anything-new"), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::validate::in_range;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{ParentId, QueueName, ReconcileJob, ReconcileReport, SweepReport};
 use crate::state::AppState;
+use crate::store::SweepQuery;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -127,13 +128,13 @@ async fn reconcile_all(
     Ok(Json(
         state
             .store
-            .reconcile_sweep(
-                body.queue.as_ref(),
-                &caller.0.queues,
-                body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT),
+            .reconcile_sweep(SweepQuery {
+                queue: body.queue.as_ref(),
+                within: &caller.0.queues,
+                dry_run: body.dry_run.unwrap_or(DRY_RUN_BY_DEFAULT),
                 after,
                 limit,
-            )
+            })
             .await?,
     ))
 }

@@ -35,6 +35,17 @@ pub struct ChildSearch {
     pub next: Option<(DateTime<Utc>, ParentId, i64)>,
 }
 
+/// Which of a parent's children a page holds (`GET /v1/parents/{id}/children`).
+#[derive(Debug, Clone, Copy)]
+pub struct ChildPageQuery<'a> {
+    pub parent_id: &'a ParentId,
+    /// Only children in this state, as readers see it.
+    pub state: Option<ChildState>,
+    /// Children after this sequence.
+    pub after: Option<i64>,
+    pub limit: i64,
+}
+
 /// One page of a parent's children; `next_after` is set when more may follow.
 #[derive(Debug, Clone)]
 pub struct ChildPage {
@@ -193,14 +204,13 @@ impl Store {
 
     /// A page of a parent's children after `after`: up to `limit`, and fewer
     /// when more would not fit in `budget` (`next_after` goes on from there).
-    pub async fn children(
-        &self,
-        parent_id: &ParentId,
-        state: Option<ChildState>,
-        after: Option<i64>,
-        limit: i64,
-        mut budget: ByteBudget,
-    ) -> StoreResult<ChildPage> {
+    pub async fn children(&self, query: ChildPageQuery<'_>, mut budget: ByteBudget) -> StoreResult<ChildPage> {
+        let ChildPageQuery {
+            parent_id,
+            state,
+            after,
+            limit,
+        } = query;
         let mut children: Vec<Child> = Vec::new();
         let mut cursor = after;
         loop {

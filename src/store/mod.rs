@@ -43,7 +43,7 @@ use statement::{Dialect, Sql, Statement};
 
 use crate::ledger::{OutcomeWrite, ParentId, QueueName};
 
-pub use children::{ChildFilter, ChildPage, ChildSearch};
+pub use children::{ChildFilter, ChildPage, ChildPageQuery, ChildSearch};
 pub use claims::Claimed;
 #[cfg(test)]
 pub(crate) use error::lost_database_errors;
@@ -51,9 +51,12 @@ pub use error::{StoreError, StoreResult, permanent_connect_error};
 pub use parents::{ParentFilter, ParentHas, ParentPage};
 /// The Postgres claim statements, exactly as claims run them, for an operator
 /// (or a test) to `EXPLAIN`. The lane claim binds `$1` parent id, `$2` how
-/// many in all, and one array element per child: `$3` claim ids, `$4`
-/// workers, `$5` lease seconds; the queue's lanes bind `$1` queue, `$2` how many.
+/// many in all, one array element per child (`$3` claim ids, `$4` workers,
+/// `$5` lease seconds), `$6` the lane's floor, `$7` whether given-back
+/// children are due and `$8` the lane's queue; the queue's lanes bind `$1`
+/// queue, `$2` how many.
 pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
+pub use reconcile::SweepQuery;
 pub use reconcile_jobs::{JobLease, JobStep};
 pub use signals::{Heard, WorkListener};
 pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};

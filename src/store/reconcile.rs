@@ -61,6 +61,18 @@ static REPAIR_CLEAR: Sql = Sql::new(|_| repair("NULL"));
 const REPAIR_LANE: &str =
     "UPDATE lane SET claimed = $2, unclaimed = 0, held_in = $3, held_out = 0 WHERE parent_id = $1";
 
+/// A page of the reconcile sweep: parents after position `after`, at most
+/// `limit`, of one queue (or every queue) within `within`.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepQuery<'a> {
+    pub queue: Option<&'a QueueName>,
+    pub within: &'a QueueScope,
+    /// Only report (`true`), or repair.
+    pub dry_run: bool,
+    pub after: i64,
+    pub limit: i64,
+}
+
 impl Store {
     pub async fn reconcile(&self, parent_id: &ParentId, dry_run: bool) -> StoreResult<ReconcileReport> {
         self.reconcile_marked(parent_id, dry_run, None)
@@ -121,14 +133,14 @@ impl Store {
     /// Reconciles at most `limit` parents (or one queue's) within `within`,
     /// those after position `after`; the report's `next_cursor` is the
     /// position to go on from, `None` once the last parent was checked.
-    pub async fn reconcile_sweep(
-        &self,
-        queue: Option<&QueueName>,
-        within: &QueueScope,
-        dry_run: bool,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<SweepReport> {
+    pub async fn reconcile_sweep(&self, sweep: SweepQuery<'_>) -> StoreResult<SweepReport> {
+        let SweepQuery {
+            queue,
+            within,
+            dry_run,
+            after,
+            limit,
+        } = sweep;
         let mut report = SweepReport {
             dry_run,
             checked: 0,
