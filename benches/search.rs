@@ -6,7 +6,8 @@
 //! registered over HTTP and drained to their state: `pending` as registered,
 //! `in_flight` by claims of 1,000 (leases of an hour), and `held`,
 //! `processed`, `failed` and `skipped` by one SQL update each (as the outcome
-//! statement writes them: the search reads the same columns). Then, for each
+//! statement writes them: the search reads the same columns), their
+//! projections repaired by reconcile. Then, for each
 //! state, the median over `ROUNDS` of:
 //! - `state` alone, the first page and the page after it (`next_cursor`);
 //! - `state` and the queue that holds them;
@@ -37,12 +38,15 @@ pub(super) async fn search_scenarios(admin_url: &str, per_state: usize) -> Vec<S
     fill(&service.base, per_state).await;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     for state in ["held", "processed", "failed", "skipped"] {
-        sqlx::query(sqlx::AssertSqlSafe(settle_sql(state)))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        for statement in settle_sql(state) {
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
     }
     drop(conn);
+    repair(&service.base).await;
     super::settle(&db.url).await;
     scenarios.extend(measure(&service.base, "postgres", per_state).await);
     service.stop().await;
@@ -57,12 +61,15 @@ pub(super) async fn search_scenarios(admin_url: &str, per_state: usize) -> Vec<S
     fill(&service.base, per_state).await;
     let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
     for state in ["held", "processed", "failed", "skipped"] {
-        sqlx::query(sqlx::AssertSqlSafe(settle_sql(state)))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        for statement in settle_sql(state) {
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
     }
     drop(conn);
+    repair(&service.base).await;
     super::settle_sqlite(&path).await;
     scenarios.extend(measure(&service.base, "sqlite", per_state).await);
     service.stop().await;
@@ -102,15 +109,18 @@ fn queue(state: &str) -> String {
 }
 
 /// Moves every child of `state`'s queue to `state`, as an outcome (or an
-/// expired last attempt, for `held`) leaves its row, in SQL both stores run.
-fn settle_sql(state: &str) -> String {
+/// expired last attempt, for `held`) leaves its row, in SQL both stores run,
+/// and leaves their lanes as claims would have (nothing left never-claimed).
+/// The projections are repaired afterwards (`repair`), as an operator who
+/// edits rows with SQL does.
+fn settle_sql(state: &str) -> [String; 2] {
     let (reason, terminal) = match state {
         "held" => ("NULL", "NULL"),
         "processed" => ("NULL", "changed_at"),
         _ => ("'bench'", "changed_at"),
     };
     let attempts = if state == "skipped" { 0 } else { 1 };
-    format!(
+    let children = format!(
         "UPDATE child SET state = '{state}', reason = {reason}, terminal_at = {terminal}, \
              attempts = {attempts}, outcome_attempt = {outcome}, settled_from = {from} \
          WHERE parent_id IN (SELECT parent_id FROM parent WHERE queue = '{queue}')",
@@ -121,7 +131,37 @@ fn settle_sql(state: &str) -> String {
         },
         from = if state == "held" { "NULL" } else { "'pending'" },
         queue = queue(state),
-    )
+    );
+    let lanes = format!(
+        "UPDATE lane SET floor = NULL WHERE parent_id IN (SELECT parent_id FROM parent WHERE queue = '{}')",
+        queue(state)
+    );
+    [children, lanes]
+}
+
+/// Reconciles every parent, repairing the projections the SQL moved.
+async fn repair(base: &str) {
+    let client = reqwest::Client::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut body = serde_json::json!({"dry_run": false, "limit": 1000});
+        if let Some(cursor) = &cursor {
+            body["cursor"] = cursor.clone().into();
+        }
+        let r: Value = client
+            .post(format!("{base}/v1/reconcile"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        match r["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return,
+        }
+    }
 }
 
 /// The median time of one page for each state and filter.

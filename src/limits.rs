@@ -60,6 +60,11 @@ pub struct Limits {
     /// fewer children rather than exceed it (`next_after` goes on from there).
     #[arg(long, env = "LEDGER_MAX_RESPONSE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_response_bytes: usize,
+    /// Most index rows one page of the children search (`GET /v1/children`)
+    /// examines: past it the page ends early, with the children found so far
+    /// and `next_cursor`.
+    #[arg(long, env = "LEDGER_MAX_SEARCH_ROWS", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_search_rows: u64,
     /// Where a parent's `webhook_url` may point, comma-separated: host names
     /// (`host`, `*.domain`, each with an optional `:port`), and addresses or
     /// networks (`10.1.2.3`, `10.0.0.0/8:9000`, `[fd00::/8]`) that may be
@@ -112,6 +117,7 @@ impl Default for Limits {
             max_bulk_bodies: 4,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,
+            max_search_rows: 20_000,
             webhook_allow_hosts: AllowHosts::default(),
         }
     }

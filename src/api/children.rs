@@ -168,6 +168,7 @@ async fn search_children(
         within: caller.0.queues.clone(),
         after: query.cursor.as_deref().map(cursor_param).transpose()?,
         limit,
+        max_rows: state.limits.max_search_rows,
     };
     let page = state
         .store

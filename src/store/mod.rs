@@ -25,6 +25,7 @@ mod reconcile_jobs;
 mod registration;
 mod reports;
 mod rows;
+mod search;
 mod signals;
 mod sql;
 mod sqlite;
@@ -39,11 +40,11 @@ use anyhow::Context;
 
 use backend::{Backend, Row, Transaction};
 use reports::{LaneAsk, LaneClaim, LaneTurn};
-use statement::{Dialect, Sql, Statement};
+use statement::{Dialect, Sql, SqlSet, Statement};
 
 use crate::ledger::{OutcomeWrite, ParentId, QueueName};
 
-pub use children::{ChildFilter, ChildPage, ChildPageQuery, ChildSearch};
+pub use children::{ChildPage, ChildPageQuery};
 pub use claims::Claimed;
 #[cfg(test)]
 pub(crate) use error::lost_database_errors;
@@ -57,6 +58,7 @@ pub use parents::{ParentFilter, ParentHas, ParentPage};
 /// queue, `$2` how many.
 pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
 pub use reconcile::SweepQuery;
+pub use search::{ChildFilter, ChildSearch, SearchKey};
 pub use reconcile_jobs::{JobLease, JobStep};
 pub use signals::{Heard, WorkListener};
 pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};
@@ -232,6 +234,11 @@ impl Store {
     /// The text of a shared statement in this store's dialect.
     fn sql(&self, sql: &'static Sql) -> &'static str {
         sql.of(self.dialect())
+    }
+
+    /// The text of statement `i` of a family of shared statements.
+    fn sql_of<const N: usize>(&self, set: &'static SqlSet<N>, i: usize) -> &'static str {
+        set.of(self.dialect(), i)
     }
 
     fn dialect(&self) -> &'static Dialect {

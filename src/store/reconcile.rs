@@ -288,6 +288,6 @@ pub(super) fn drift_columns() -> String {
     format!(
         "p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
          p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, {}",
-        sql::OPEN_COUNTS
+        sql::OPEN_COUNTS.as_str()
     )
 }

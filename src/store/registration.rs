@@ -55,9 +55,15 @@ const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position,
     FROM parent p WHERE p.parent_id = $1";
 
 /// Adds appended children (`$2`, of which `$3` skipped, the largest payload
-/// `$4` bytes) to a parent's projection.
+/// `$4` bytes) to a parent's projection; `$5`: whether they came after every
+/// sequence stored before (`parent.children_in_order`, migration 0016 on
+/// Postgres, 0015 on SQLite).
 const COUNT_APPENDED: &str = "UPDATE parent SET total = total + $2, skipped = skipped + $3, \
-    child_bytes = CASE WHEN coalesce(child_bytes, 0) < $4 THEN $4 ELSE child_bytes END WHERE parent_id = $1";
+    child_bytes = CASE WHEN coalesce(child_bytes, 0) < $4 THEN $4 ELSE child_bytes END, \
+    children_in_order = children_in_order AND $5 WHERE parent_id = $1";
+
+/// The highest sequence a parent holds.
+const TOP_SEQUENCE: &str = "SELECT max(sequence) AS top FROM child WHERE parent_id = $1";
 
 /// A seal's census: stored sequences below `$2` and at or past it.
 const SEAL_CENSUS: &str = "SELECT count(*) FILTER (WHERE sequence < $2) AS below, \
@@ -159,6 +165,13 @@ impl Store {
             Some(true) => return Err(StoreError::ParentDecomposed(parent_id.clone())),
             Some(false) => {}
         }
+        let top = tx
+            .fetch(Statement::new(TOP_SEQUENCE).text(parent_id.as_str()))
+            .await?
+            .first()
+            .map(|row| row.opt_int("top"))
+            .transpose()?
+            .flatten();
         let inserted = insert_children(&mut *tx, parent_id, children, true).await?;
         let mut differing = Vec::new();
         for chunk in children.chunks(WRITE_CHUNK) {
@@ -180,7 +193,8 @@ impl Store {
                 .text(parent_id.as_str())
                 .int(inserted.rows as i64)
                 .int(inserted.skipped)
-                .int(largest_payload(children)),
+                .int(largest_payload(children))
+                .bool(inserted.rows == 0 || (inserted.rows as usize == children.len() && follows(top, children))),
         )
         .await?;
         tx.commit().await?;
@@ -237,6 +251,14 @@ impl Store {
         }
         Ok(parent)
     }
+}
+
+/// Whether appended `children` keep a parent's children in sequence order
+/// after `top`, its highest sequence before: they come in ascending order
+/// (so chunks written one after the other never go back) and above it.
+fn follows(top: Option<i64>, children: &[NewChild]) -> bool {
+    children.windows(2).all(|w| w[0].sequence < w[1].sequence)
+        && children.first().is_none_or(|first| top.is_none_or(|top| first.sequence > top))
 }
 
 /// Writes children in statements of `WRITE_CHUNK`.

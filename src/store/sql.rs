@@ -153,19 +153,29 @@ pub(crate) fn conflict_view(d: &Dialect) -> ClaimView {
 /// A parent's open counts (`open_pending`, `open_in_flight`, `open_held`)
 /// from its counters and its lane's, for `parent p LEFT JOIN lane l`: no count
 /// over its children (migration 0009 says how each is kept).
-pub(crate) const OPEN_COUNTS: &str = "coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight AS open_in_flight, \
-     coalesce(l.held_in - l.held_out, 0) - p.settled_held AS open_held, \
-     p.total - p.processed - p.failed - p.skipped \
-         - (coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight) \
-         - (coalesce(l.held_in - l.held_out, 0) - p.settled_held) AS open_pending";
+pub(crate) static OPEN_COUNTS: LazyLock<String> = LazyLock::new(|| {
+    format!("{OPEN_IN_FLIGHT} AS open_in_flight, {OPEN_HELD} AS open_held, {} AS open_pending", open_pending())
+});
+
+/// A parent's children in flight, for `parent p LEFT JOIN lane l`.
+pub(crate) const OPEN_IN_FLIGHT: &str = "(coalesce(l.claimed - l.unclaimed, 0) - p.settled_in_flight)";
+
+/// A parent's held children, for `parent p LEFT JOIN lane l`.
+pub(crate) const OPEN_HELD: &str = "(coalesce(l.held_in - l.held_out, 0) - p.settled_held)";
+
+/// A parent's pending children, for `parent p LEFT JOIN lane l`.
+pub(crate) fn open_pending() -> String {
+    format!("(p.total - p.processed - p.failed - p.skipped - {OPEN_IN_FLIGHT} - {OPEN_HELD})")
+}
 
 /// A parent row's columns with its open counts.
 pub(crate) static PARENT_SELECT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, p.expired_lease, p.priority, p.webhook_url, \
              p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
-             p.last_progress_at, p.position, {OPEN_COUNTS} \
-         FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id"
+             p.last_progress_at, p.position, {open_counts} \
+         FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id",
+        open_counts = OPEN_COUNTS.as_str()
     )
 });
 

@@ -107,15 +107,18 @@ pub(crate) struct Dialect {
     pub json_push: fn(column: &str, param: &str) -> String,
     /// The length of a JSON array column.
     pub json_length: fn(column: &str) -> String,
-    /// The joins from claim lease `alias` to the children it still holds
-    /// (pending, not given back), as `child c`.
-    pub leased_children: fn(alias: &str) -> String,
+    /// The sequences claim lease `alias` lists, as a `FROM` item `ls` whose
+    /// column `value` is each sequence.
+    pub lease_sequences: fn(alias: &str) -> String,
     /// Whether claim lease `lease`'s list names child `sequence`.
     pub lease_holds: fn(lease: &str, sequence: &str) -> String,
     /// Rows `(n, t)` of JSON text `param`, an array of `[integer, text]` pairs.
     pub json_pairs: fn(param: &str) -> String,
     /// A subquery of the texts of JSON array text `param` (`x IN (...)`).
     pub json_texts: fn(param: &str) -> String,
+    /// After a table in `FROM`: read it through index `name` (SQLite's
+    /// planner, without statistics, may pick another that sorts).
+    pub indexed_by: fn(name: &str) -> String,
     /// `QueueScope::allows` for parent `p`'s queue, the scope bound as
     /// `QueueScope::as_json` text `param` (`sql::within_postgres`, `within_sqlite`).
     pub within: fn(param: &str) -> String,
@@ -139,6 +142,27 @@ impl Sql {
     /// The statement's text in `dialect`.
     pub fn of(&'static self, dialect: &Dialect) -> &'static str {
         self.texts[dialect.slot].get_or_init(|| (self.build)(dialect))
+    }
+}
+
+/// A family of shared statements told apart by an index (a state, a way of
+/// starting a read): each text built the first time its dialect runs it.
+pub(crate) struct SqlSet<const N: usize> {
+    build: fn(&Dialect, usize) -> String,
+    texts: [[OnceLock<String>; N]; 2],
+}
+
+impl<const N: usize> SqlSet<N> {
+    pub const fn new(build: fn(&Dialect, usize) -> String) -> Self {
+        Self {
+            build,
+            texts: [const { [const { OnceLock::new() }; N] }; 2],
+        }
+    }
+
+    /// Statement `i`'s text in `dialect`.
+    pub fn of(&'static self, dialect: &Dialect, i: usize) -> &'static str {
+        self.texts[dialect.slot][i].get_or_init(|| (self.build)(dialect, i))
     }
 }
 

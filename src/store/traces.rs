@@ -1,5 +1,5 @@
-//! Trace context kept with a registration (migration 0016 on Postgres,
-//! 0015 on SQLite): the parent's `traceparent` (sequence -1) and each
+//! Trace context kept with a registration (migration 0015 on Postgres,
+//! 0014 on SQLite): the parent's `traceparent` (sequence -1) and each
 //! child's that was given one, written with the registration or append, read
 //! back for every claimed child, deleted with the parent.
 

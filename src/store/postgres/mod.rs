@@ -41,15 +41,11 @@ static POSTGRES: Dialect = Dialect {
     json: |p| format!("{p}::json"),
     json_push: |column, p| format!("{column} || jsonb_build_array({p}::jsonb)"),
     json_length: |column| format!("jsonb_array_length({column})"),
-    leased_children: |l| {
-        format!(
-            "JOIN child c ON c.parent_id = {l}.parent_id AND c.sequence = ANY ({l}.sequences) \
-             AND c.state = 'pending' AND c.available_at IS NULL"
-        )
-    },
+    lease_sequences: |l| format!("unnest({l}.sequences) AS ls(value)"),
     lease_holds: |l, sequence| format!("{sequence} = ANY ({l}.sequences)"),
     json_pairs: |p| format!("SELECT (e->>0)::bigint AS n, e->>1 AS t FROM json_array_elements({p}::json) AS e"),
     json_texts: |p| format!("SELECT json_array_elements_text({p}::json)"),
+    indexed_by: |_| String::new(),
     within: sql::within_postgres,
 };
 

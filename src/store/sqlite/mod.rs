@@ -54,17 +54,13 @@ static SQLITE: Dialect = Dialect {
     json: |p| p.to_owned(),
     json_push: |column, p| format!("json_insert({column}, '$[#]', json({p}))"),
     json_length: |column| format!("json_array_length({column})"),
-    leased_children: |l| {
-        format!(
-            "JOIN json_each({l}.sequences) ls JOIN child c ON c.parent_id = {l}.parent_id \
-             AND c.sequence = ls.value AND c.state = 'pending' AND c.available_at IS NULL"
-        )
-    },
+    lease_sequences: |l| format!("json_each({l}.sequences) ls"),
     lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
     json_pairs: |p| {
         format!("SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS t FROM json_each({p})")
     },
     json_texts: |p| format!("SELECT value FROM json_each({p})"),
+    indexed_by: |name| format!("INDEXED BY {name}"),
     within: sql::within_sqlite,
 };
 

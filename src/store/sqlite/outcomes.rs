@@ -17,7 +17,7 @@ use crate::store::{StoreResult, sql};
 
 /// The guarded UPDATE only touches non-terminal rows of decomposed parents:
 /// what it returns is exactly the set of writes that won. A child is in
-/// flight when its lane's floor has passed it (migration 0014); the write's
+/// flight when its lane's floor has passed it (migration 0013 on SQLite); the write's
 /// own claim's lease (`h`) says which lease holds it, and only a write for a
 /// child leased by another claim, or by none it names, looks the lease up.
 /// The outcome ends the attempt on the row, as a lease end does.

@@ -1,0 +1,28 @@
+-- The children search (`GET /v1/children`, `store/search.rs`) reads each
+-- state in its own order, newest change first, of all parents or of one.
+
+-- A parent's terminal and held children (`child_attention` holds them
+-- across parents).
+CREATE INDEX child_settled_by_parent ON child (parent_id, state, changed_at, sequence)
+    WHERE state IN ('processed', 'failed', 'skipped', 'held');
+
+-- Given-back children (released, or their lease ran out), across parents and
+-- of one: entries only for children that were given back.
+CREATE INDEX child_given_back ON child (changed_at, parent_id, sequence)
+    WHERE state = 'pending' AND available_at IS NOT NULL;
+CREATE INDEX child_given_back_by_parent ON child (parent_id, changed_at, sequence)
+    WHERE state = 'pending' AND available_at IS NOT NULL;
+
+-- Leases newest claim first, across parents and of one.
+DROP INDEX claim_lease_claimed;
+CREATE INDEX claim_lease_claimed ON claim_lease (claimed_at, parent_id);
+CREATE INDEX claim_lease_parent_claimed ON claim_lease (parent_id, claimed_at);
+
+-- The parents of a queue, whatever their state.
+CREATE INDEX parent_queue ON parent (queue);
+
+-- Whether a parent's children were written in sequence order (see the
+-- Postgres migration of the same name).
+ALTER TABLE parent ADD COLUMN children_in_order INTEGER NOT NULL DEFAULT 1;
+UPDATE parent SET children_in_order = 0
+WHERE decomposed_at IS NULL OR decomposed_at <> created_at;

@@ -1,0 +1,576 @@
+//! The children search across parents (`GET /v1/children`), newest change
+//! first: a merge of sources, each an index read in that order.
+//!
+//! - **Terminal and held children**: all parents through `child_attention`
+//!   (state, then newest change), one parent through `child_settled_by_parent`.
+//! - **In flight**: the leases, newest claim first (a child a lease holds
+//!   shows the claim's time), of all parents or of one.
+//! - **Pending**: the never-claimed children and the given-back ones
+//!   (released, or their lease ran out: they have an `available_at`), each
+//!   read apart. Across parents the never-claimed ones are read with the
+//!   children leases hold, whose rows say pending too: where the read meets
+//!   one, it jumps past the rest of that parent's children of the same
+//!   change, which lie below the lane's floor too and so are all in flight.
+//!   Of one parent, they are the rows from its lane's floor up.
+//!
+//! A queue, or a token limited to some queues, is read parent by parent
+//! when it has few parents, or few whose projections have children in the
+//! state (a drifted projection is repaired by reconcile); otherwise the walk
+//! across parents keeps the children of the queue and scope it passes,
+//! reading keys first.
+//!
+//! Every page is bounded: once it has examined `max_rows` rows (or run a
+//! statement for every `ROWS_PER_READ` of them) it ends, with the children
+//! found so far (maybe none) and a cursor to go on from, so no query string
+//! can make a page scan a million rows.
+
+mod statements;
+
+use std::collections::VecDeque;
+
+use chrono::{DateTime, Utc};
+
+use super::rows;
+use super::statement::Statement;
+use super::{Store, StoreResult};
+use crate::ledger::budget::{ByteBudget, json_len};
+use crate::ledger::{Child, ChildState, ParentId, QueueName, QueueScope};
+use statements::{By, Start};
+
+/// A position in the search's order: `changed_at` as the search shows it
+/// (a leased child's claim time), the parent and the sequence.
+pub type SearchKey = (DateTime<Utc>, ParentId, i64);
+
+/// Filters of the cross-parent children search (`GET /v1/children`).
+#[derive(Debug, Clone, Default)]
+pub struct ChildFilter {
+    pub queue: Option<QueueName>,
+    pub state: Option<ChildState>,
+    pub parent_id: Option<ParentId>,
+    /// Only children of these queues (a token's reach).
+    pub within: QueueScope,
+    /// Children after this one in the search's order (newest change first).
+    pub after: Option<SearchKey>,
+    pub limit: i64,
+    /// Most rows the page examines before it ends early.
+    pub max_rows: u64,
+}
+
+/// A page of the children search; `next` is set when more may follow (the
+/// page may then hold fewer children than asked for, even none).
+#[derive(Debug, Clone)]
+pub struct ChildSearch {
+    pub children: Vec<Child>,
+    pub next: Option<SearchKey>,
+}
+
+/// Whole rows per read.
+const CHUNK: i64 = 100;
+/// Keys per read of a walk that keeps only a queue's or a scope's children.
+const KEY_CHUNK: i64 = 1000;
+/// Rows a page examines for each statement it may run (past its first
+/// reads): what bounds the statements of a page that ends early.
+const ROWS_PER_READ: u64 = 160;
+/// Parents read one by one at most; past that, a walk across parents.
+const ONE_BY_ONE: i64 = 32;
+
+/// What a source reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Terminal or held children of a state.
+    Settled(ChildState),
+    /// Children leases hold.
+    Leased,
+    /// Pending children without an `available_at` (across parents: leased
+    /// ones are passed over; of a parent: from its lane's floor up).
+    NeverClaimed,
+    /// Given-back children.
+    GivenBack,
+}
+
+impl Walk {
+    /// The state the children it finds are in, as readers see it.
+    fn state(self) -> ChildState {
+        match self {
+            Self::Settled(state) => state,
+            Self::Leased => ChildState::InFlight,
+            Self::NeverClaimed | Self::GivenBack => ChildState::Pending,
+        }
+    }
+
+    /// The walks that find children of `state`.
+    fn of(state: ChildState) -> &'static [Walk] {
+        match state {
+            ChildState::Pending => &[Walk::NeverClaimed, Walk::GivenBack],
+            ChildState::InFlight => &[Walk::Leased],
+            ChildState::Processed => &[Walk::Settled(ChildState::Processed)],
+            ChildState::Failed => &[Walk::Settled(ChildState::Failed)],
+            ChildState::Skipped => &[Walk::Settled(ChildState::Skipped)],
+            ChildState::Held => &[Walk::Settled(ChildState::Held)],
+        }
+    }
+}
+
+/// One parent a source reads, as `CANDIDATES` found it.
+#[derive(Debug, Clone)]
+struct OneParent {
+    parent_id: ParentId,
+    /// Its lane's floor; `None` with a lane: nothing never-claimed left.
+    floor: Option<i64>,
+    has_lane: bool,
+    in_order: bool,
+}
+
+/// Which parents a source reads.
+#[derive(Debug, Clone)]
+enum Reach {
+    /// Every parent.
+    All,
+    /// Every parent, keeping the children of a queue (if any) in a scope.
+    Kept { queue: Option<QueueName>, scope: Option<String> },
+    One(OneParent),
+}
+
+/// One index read in the search's order, and what it has read ahead.
+#[derive(Debug)]
+struct Source {
+    walk: Walk,
+    reach: Reach,
+    /// Where the next read starts: below this position (`None`: the top).
+    after: Option<SearchKey>,
+    /// Whether `after` is a child this source read (not the page's cursor).
+    after_own: bool,
+    read: VecDeque<(SearchKey, Child)>,
+    done: bool,
+}
+
+/// What a page has spent, and may.
+#[derive(Debug)]
+struct Spent {
+    examined: u64,
+    reads: u64,
+    max_rows: u64,
+}
+
+impl Spent {
+    fn new(max_rows: u64) -> Self {
+        Self {
+            examined: 0,
+            reads: 0,
+            max_rows,
+        }
+    }
+
+    fn exhausted(&self) -> bool {
+        self.examined >= self.max_rows || self.reads >= (self.max_rows / ROWS_PER_READ).max(1)
+    }
+}
+
+fn key_of(child: &Child) -> SearchKey {
+    (child.changed_at, child.parent_id.clone(), child.sequence)
+}
+
+impl Source {
+    fn new(walk: Walk, reach: Reach, after: Option<SearchKey>) -> Self {
+        Self {
+            walk,
+            reach,
+            after,
+            after_own: false,
+            read: VecDeque::new(),
+            done: false,
+        }
+    }
+
+    /// Whether the source needs a read before its next child is known.
+    fn starved(&self) -> bool {
+        self.read.is_empty() && !self.done
+    }
+
+    /// How a read starts, and the bound of a read of one parent (`$1`, `$2`).
+    fn start_in_parent(&self, parent_id: &ParentId) -> (Start, Option<DateTime<Utc>>, Option<i64>) {
+        match &self.after {
+            None => (Start::Top, None, None),
+            Some((at, _, sequence)) if self.after_own => (Start::Own, Some(*at), Some(*sequence)),
+            Some((at, p, sequence)) if p == parent_id => (Start::Below, Some(*at), Some(*sequence)),
+            // A position of another parent: this parent's children at the
+            // same time lie above it (a smaller parent id comes later) or
+            // below it.
+            Some((at, p, _)) if parent_id < p => (Start::Below, Some(*at), Some(i64::MAX)),
+            Some((at, _, _)) => (Start::Below, Some(*at), Some(-1)),
+        }
+    }
+
+    /// Reads the next chunk of up to `want` children.
+    async fn fill(&mut self, store: &Store, want: i64, spent: &mut Spent) -> StoreResult<()> {
+        spent.reads += 1;
+        if self.walk == Walk::Leased {
+            return self.fill_leased(store, want, spent).await;
+        }
+        match self.reach.clone() {
+            Reach::One(parent) => self.fill_one(store, &parent, want, spent).await,
+            Reach::All => self.fill_all(store, want, spent).await,
+            Reach::Kept { queue, scope } => {
+                self.fill_kept(store, queue.as_ref(), scope.as_deref(), spent)
+                    .await
+            }
+        }
+    }
+
+    fn start(&self) -> Start {
+        if self.after.is_some() { Start::Below } else { Start::Top }
+    }
+
+    fn cursor_binds(&self) -> (Option<DateTime<Utc>>, Option<&str>, Option<i64>) {
+        match &self.after {
+            Some((at, parent_id, sequence)) => (Some(*at), Some(parent_id.as_str()), Some(*sequence)),
+            None => (None, None, None),
+        }
+    }
+
+    async fn fill_one(&mut self, store: &Store, parent: &OneParent, want: i64, spent: &mut Spent) -> StoreResult<()> {
+        let (start, at, sequence) = self.start_in_parent(&parent.parent_id);
+        let sql = match self.walk {
+            Walk::Settled(state) => store.sql_of(&statements::SETTLED_OF_PARENT, statements::settled(state, start)),
+            Walk::Leased => unreachable!("leases are read by fill_leased"),
+            Walk::GivenBack => store.sql_of(&statements::GIVEN_BACK_OF_PARENT, statements::starting(start)),
+            Walk::NeverClaimed if parent.in_order => {
+                store.sql_of(&statements::NEVER_CLAIMED_IN_ORDER, statements::starting(start))
+            }
+            Walk::NeverClaimed => store.sql_of(&statements::NEVER_CLAIMED_SORTED, statements::starting(start)),
+        };
+        let floor = if parent.has_lane { parent.floor } else { Some(0) };
+        let rows = store
+            .scan(
+                Statement::new(sql)
+                    .time(at)
+                    .int(sequence)
+                    .text(parent.parent_id.as_str())
+                    .int(want)
+                    .int(floor.unwrap_or(i64::MAX)),
+            )
+            .await?;
+        spent.examined += rows.len() as u64;
+        self.done = (rows.len() as i64) < want;
+        for row in &rows {
+            let child = rows::child(&**row)?;
+            let key = key_of(&child);
+            self.after = Some(key.clone());
+            self.after_own = true;
+            self.read.push_back((key, child));
+        }
+        Ok(())
+    }
+
+    async fn fill_all(&mut self, store: &Store, want: i64, spent: &mut Spent) -> StoreResult<()> {
+        let start = self.start();
+        let sql = match self.walk {
+            Walk::Settled(state) => store.sql_of(&statements::SETTLED_ROWS, statements::settled(state, start)),
+            Walk::Leased => unreachable!("leases are read by fill_leased"),
+            Walk::NeverClaimed => store.sql_of(&statements::PENDING_ROWS, statements::starting(start)),
+            Walk::GivenBack => store.sql_of(&statements::GIVEN_BACK_ROWS, statements::starting(start)),
+        };
+        let (at, parent_id, sequence) = self.cursor_binds();
+        let rows = store
+            .scan(
+                Statement::new(sql)
+                    .time(at)
+                    .text(parent_id)
+                    .int(sequence)
+                    .int(want),
+            )
+            .await?;
+        spent.examined += rows.len() as u64;
+        self.done = (rows.len() as i64) < want;
+        let passes_leased = self.walk == Walk::NeverClaimed;
+        for row in &rows {
+            let child = rows::child(&**row)?;
+            let key = key_of(&child);
+            if passes_leased && row.bool("in_flight")? {
+                // The rest of this parent's children of this change are
+                // in flight too: go on below all of them.
+                self.after = Some((key.0, key.1, 0));
+                self.done = false;
+                return Ok(());
+            }
+            self.after = Some(key.clone());
+            self.read.push_back((key, child));
+        }
+        Ok(())
+    }
+
+    /// Children leases hold: the leases' lists read in order, keys first,
+    /// and the rows of those still in flight (and kept, for a walk that
+    /// keeps a queue's or a scope's children).
+    async fn fill_leased(&mut self, store: &Store, want: i64, spent: &mut Spent) -> StoreResult<()> {
+        let statement = match &self.reach {
+            Reach::One(parent) => {
+                let (start, at, sequence) = self.start_in_parent(&parent.parent_id);
+                Statement::new(store.sql_of(&statements::LEASED_OF_PARENT, statements::starting(start)))
+                    .time(at)
+                    .int(sequence)
+                    .text(parent.parent_id.as_str())
+                    .int(want)
+            }
+            Reach::All | Reach::Kept { .. } => {
+                let start = statements::starting(self.start());
+                let (at, parent_id, sequence) = self.cursor_binds();
+                let set = match self.reach {
+                    Reach::Kept { .. } => &statements::LEASED_KEPT,
+                    _ => &statements::LEASED_ROWS,
+                };
+                let statement = Statement::new(store.sql_of(set, start))
+                    .time(at)
+                    .text(parent_id)
+                    .int(sequence)
+                    .int(want);
+                match &self.reach {
+                    Reach::Kept { queue, scope } => statement
+                        .text(queue.as_ref().map(QueueName::as_str))
+                        .text(scope.as_deref()),
+                    _ => statement,
+                }
+            }
+        };
+        let rows = store.scan(statement).await?;
+        spent.examined += rows.len() as u64;
+        self.done = (rows.len() as i64) < want;
+        for row in &rows {
+            let key: SearchKey = (
+                row.time("changed_at")?,
+                ParentId::from_ledger(row.text("parent_id")?),
+                row.int("sequence")?,
+            );
+            self.after = Some(key.clone());
+            self.after_own = true;
+            if row.bool("hit")? && row.bool("held")? {
+                self.read.push_back((key, rows::child(&**row)?));
+            }
+        }
+        Ok(())
+    }
+
+    /// A walk across parents that keeps the children of a queue or scope:
+    /// keys first, then the rows of those it keeps.
+    async fn fill_kept(
+        &mut self,
+        store: &Store,
+        queue: Option<&QueueName>,
+        scope: Option<&str>,
+        spent: &mut Spent,
+    ) -> StoreResult<()> {
+        let start = self.start();
+        let sql = match self.walk {
+            Walk::Settled(state) => store.sql_of(&statements::SETTLED_KEYS, statements::settled(state, start)),
+            Walk::Leased => unreachable!("leases are read by fill_leased"),
+            Walk::NeverClaimed => store.sql_of(&statements::PENDING_KEYS, statements::starting(start)),
+            Walk::GivenBack => store.sql_of(&statements::GIVEN_BACK_KEYS, statements::starting(start)),
+        };
+        let (at, parent_id, sequence) = self.cursor_binds();
+        let rows = store
+            .scan(
+                Statement::new(sql)
+                    .time(at)
+                    .text(parent_id)
+                    .int(sequence)
+                    .int(KEY_CHUNK)
+                    .text(queue.map(QueueName::as_str))
+                    .text(scope),
+            )
+            .await?;
+        spent.examined += rows.len() as u64;
+        self.done = (rows.len() as i64) < KEY_CHUNK;
+        let mut kept: Vec<SearchKey> = Vec::new();
+        for row in &rows {
+            let key: SearchKey = (
+                row.time("changed_at")?,
+                ParentId::from_ledger(row.text("parent_id")?),
+                row.int("sequence")?,
+            );
+            if row.bool("in_flight")? {
+                self.after = Some((key.0, key.1, 0));
+                self.done = false;
+                break;
+            }
+            self.after = Some(key.clone());
+            if row.bool("hit")? {
+                kept.push(key);
+            }
+        }
+        for keys in kept.chunks(CHUNK as usize) {
+            let pairs: Vec<(i64, &str)> = keys.iter().map(|(_, p, s)| (*s, p.as_str())).collect();
+            let pairs = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".to_owned());
+            spent.reads += 1;
+            let rows = store
+                .scan(Statement::new(store.sql(&statements::ROWS_OF_KEYS)).text(pairs.as_str()))
+                .await?;
+            let mut found: Vec<(SearchKey, Child)> = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let child = rows::child(&**row)?;
+                let key = key_of(&child);
+                // A child that moved since its key was read is no longer
+                // where the walk found it: it is left out here.
+                if child.state == self.walk.state() && keys.contains(&key) {
+                    found.push((key, child));
+                }
+            }
+            found.sort_by(|a, b| b.0.cmp(&a.0));
+            self.read.extend(found);
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// A page of children across parents, newest change first (see the
+    /// module's comment and `ChildFilter`). `next` says where the next page
+    /// starts when more may follow.
+    pub async fn search_children(&self, filter: ChildFilter, mut budget: ByteBudget) -> StoreResult<ChildSearch> {
+        let mut sources = self.search_sources(&filter).await?;
+        let mut spent = Spent::new(filter.max_rows);
+        let mut children: Vec<Child> = Vec::new();
+        let limit = filter.limit;
+        // Every source reads once, whatever the page has spent, so that the
+        // cursor of a page that ends early is a position they all passed.
+        let share = (limit / sources.len().max(1) as i64 + 1).clamp(10, CHUNK);
+        for source in &mut sources {
+            source.fill(self, share, &mut spent).await?;
+        }
+        loop {
+            if children.len() as i64 >= limit {
+                let more = sources.iter().any(|s| !s.done || !s.read.is_empty());
+                return Ok(ChildSearch {
+                    next: children.last().map(key_of).filter(|_| more),
+                    children,
+                });
+            }
+            // The next child is the newest one read ahead, once no source
+            // that has none read ahead could hold a newer one.
+            let newest = sources
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.read.front().map(|(key, _)| (i, key)))
+                .max_by(|a, b| a.1.cmp(b.1));
+            let blocked_by = sources.iter().position(|s| {
+                s.starved()
+                    && match (newest, &s.after) {
+                        (Some((_, key)), Some(after)) => key < after,
+                        _ => true,
+                    }
+            });
+            let newest = newest.map(|(i, _)| i);
+            if let Some(s) = blocked_by {
+                if spent.exhausted() {
+                    // The page ends early: everything above the position
+                    // every source has passed has been shown.
+                    let passed = sources
+                        .iter()
+                        .filter(|s| s.starved())
+                        .filter_map(|s| s.after.clone())
+                        .max();
+                    let next = children.last().map(key_of).or(passed);
+                    return Ok(ChildSearch { children, next });
+                }
+                let want = (limit - children.len() as i64 + 1).min(CHUNK);
+                sources[s].fill(self, want, &mut spent).await?;
+                continue;
+            }
+            let Some(n) = newest else {
+                return Ok(ChildSearch { children, next: None });
+            };
+            let (_, child) = sources[n].read.pop_front().expect("a child read ahead");
+            // The first child always goes: `Limits::check` makes room for the largest.
+            // (+1: the comma before it.)
+            if !budget.take(json_len(&child) + 1) && !children.is_empty() {
+                let next = children.last().map(key_of);
+                return Ok(ChildSearch { children, next });
+            }
+            children.push(child);
+        }
+    }
+
+    /// The sources a search reads (see the module's comment).
+    async fn search_sources(&self, filter: &ChildFilter) -> StoreResult<Vec<Source>> {
+        let states: &[ChildState] = match &filter.state {
+            Some(state) => std::slice::from_ref(state),
+            None => &ChildState::ALL,
+        };
+        let scope = filter.within.as_json();
+        let after = filter.after.clone();
+        let across = |reach: Reach| -> Vec<Source> {
+            states
+                .iter()
+                .flat_map(|state| Walk::of(*state))
+                .map(|walk| Source::new(*walk, reach.clone(), after.clone()))
+                .collect()
+        };
+        let by = match (&filter.parent_id, &filter.queue) {
+            (Some(_), _) => By::Parent,
+            (None, Some(_)) => By::Queue,
+            (None, None) if scope.is_some() => By::Scope,
+            (None, None) => return Ok(across(Reach::All)),
+        };
+        let mut parents = self.search_candidates(filter, by, None, scope.as_deref()).await?;
+        if parents.len() as i64 > ONE_BY_ONE {
+            // Many parents: those whose projections have children in the
+            // state, if few (a drifted projection is repaired by reconcile).
+            parents = match filter.state {
+                Some(state) => self.search_candidates(filter, by, Some(state), scope.as_deref()).await?,
+                None => parents,
+            };
+            if parents.len() as i64 > ONE_BY_ONE {
+                return Ok(across(Reach::Kept {
+                    queue: filter.queue.clone(),
+                    scope,
+                }));
+            }
+        }
+        let mut sources = Vec::new();
+        for parent in parents {
+            for state in states {
+                for walk in Walk::of(*state) {
+                    let reads = match walk {
+                        Walk::Leased | Walk::GivenBack => parent.has_lane,
+                        Walk::NeverClaimed => !parent.has_lane || parent.floor.is_some(),
+                        Walk::Settled(_) => true,
+                    };
+                    if reads {
+                        sources.push(Source::new(*walk, Reach::One(parent.clone()), after.clone()));
+                    }
+                }
+            }
+        }
+        Ok(sources)
+    }
+
+    /// The parents a filtered search reads (at most `ONE_BY_ONE` + 1).
+    async fn search_candidates(
+        &self,
+        filter: &ChildFilter,
+        by: By,
+        having: Option<ChildState>,
+        scope: Option<&str>,
+    ) -> StoreResult<Vec<OneParent>> {
+        let sql = self.sql_of(&statements::CANDIDATES, statements::candidates_of(by, having));
+        let rows = self
+            .scan(
+                Statement::new(sql)
+                    .text(filter.parent_id.as_ref().map(ParentId::as_str))
+                    .text(filter.queue.as_ref().map(QueueName::as_str))
+                    .text(scope)
+                    .int(ONE_BY_ONE + 1),
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(OneParent {
+                    parent_id: ParentId::from_ledger(row.text("parent_id")?),
+                    floor: row.opt_int("floor")?,
+                    has_lane: row.bool("has_lane")?,
+                    in_order: row.bool("children_in_order")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+}
