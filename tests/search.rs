@@ -70,7 +70,12 @@ async fn outcomes(app: &TestApp, claim_id: &str, parent: &str, list: &[(i64, &st
             json!({"parent_id": parent, "sequence": sequence, "outcome": outcome, "reason": "because", "claim_id": claim_id})
         })
         .collect();
-    let body = ok(app, app.post("/v1/outcomes", json!({"outcomes": outcomes})).await, "outcomes").await;
+    let body = ok(
+        app,
+        app.post("/v1/outcomes", json!({"outcomes": outcomes})).await,
+        "outcomes",
+    )
+    .await;
     for result in body["results"].as_array().unwrap() {
         assert_eq!(result["status"], "applied", "{body}");
     }
@@ -123,7 +128,12 @@ async fn fill(app: &TestApp) -> Vec<(String, &'static str)> {
     parents.push(("A1".to_owned(), "qa"));
 
     // qa/A2: appended out of order, sealed, then claimed from.
-    register(app, "A2", json!({"queue": "qa", "decomposed": false, "children": children(5)})).await;
+    register(
+        app,
+        "A2",
+        json!({"queue": "qa", "decomposed": false, "children": children(5)}),
+    )
+    .await;
     for range in [10..15, 5..10] {
         let appended: Vec<Value> = range.map(|s| json!({"sequence": s, "payload": {"n": s}})).collect();
         ok(
@@ -139,7 +149,12 @@ async fn fill(app: &TestApp) -> Vec<(String, &'static str)> {
     parents.push(("A2".to_owned(), "qa"));
 
     // qa/A3: appended in order and still decomposing (no lane yet).
-    register(app, "A3", json!({"queue": "qa", "decomposed": false, "children": children(3)})).await;
+    register(
+        app,
+        "A3",
+        json!({"queue": "qa", "decomposed": false, "children": children(3)}),
+    )
+    .await;
     let appended: Vec<Value> = (3..6).map(|s| json!({"sequence": s, "payload": {"n": s}})).collect();
     ok(
         app,
@@ -159,7 +174,12 @@ async fn fill(app: &TestApp) -> Vec<(String, &'static str)> {
     parents.push(("A4".to_owned(), "qa"));
     register(app, "A5", json!({"queue": "qa", "children": children(4)})).await;
     claim(app, "A5", 1, 600).await;
-    ok(app, app.post("/v1/parents/A5/cancel", json!({"reason": "called off"})).await, "cancel").await;
+    ok(
+        app,
+        app.post("/v1/parents/A5/cancel", json!({"reason": "called off"})).await,
+        "cancel",
+    )
+    .await;
     parents.push(("A5".to_owned(), "qa"));
 
     // qbig: more parents than the search reads one by one, and more with
@@ -261,8 +281,7 @@ async fn searched_as_listed(backend: Backend, limits: Limits) {
     let (qa_reader, qa_entry) = token("qa-reader", &[Role::Reader], &["qa"]);
     let (q_reader, q_entry) = token("q-reader", &[Role::Reader], &["q*"]);
     let max_rows = limits.max_search_rows;
-    let mut app =
-        spawn_app_with_tokens_and_limits(backend, json!([admin_entry, qa_entry, q_entry]), limits).await;
+    let mut app = spawn_app_with_tokens_and_limits(backend, json!([admin_entry, qa_entry, q_entry]), limits).await;
     app.token = Some(admin);
     let parents = fill(&app).await;
     let all = every_child(&app, &parents).await;
@@ -283,11 +302,7 @@ async fn searched_as_listed(backend: Backend, limits: Limits) {
                 None,
                 expected(&all, |c, q| c.3 == state && q == "qbig"),
             ),
-            (
-                format!("state={state}&queue=nobody"),
-                None,
-                Vec::new(),
-            ),
+            (format!("state={state}&queue=nobody"), None, Vec::new()),
             (
                 format!("state={state}"),
                 Some(qa_reader.as_str()),
@@ -298,11 +313,7 @@ async fn searched_as_listed(backend: Backend, limits: Limits) {
                 Some(q_reader.as_str()),
                 expected(&all, |c, _| c.3 == state),
             ),
-            (
-                format!("state={state}&queue=qb"),
-                Some(qa_reader.as_str()),
-                Vec::new(),
-            ),
+            (format!("state={state}&queue=qb"), Some(qa_reader.as_str()), Vec::new()),
         ];
         for parent in ["A0", "A1", "A2", "A3", "Z03", "B0"] {
             cases.push((

@@ -104,7 +104,9 @@ pub struct SearchQuery {
 pub struct ChildSearchPage {
     /// Newest change first (`changed_at`, then parent and sequence, descending).
     pub children: Vec<Child>,
-    /// Pass as `cursor` for the next page; `null` on the last page.
+    /// Pass as `cursor` for the next page; `null` on the last page. A page
+    /// that examined `--max-search-rows` index rows ends early: it may hold
+    /// fewer children than `limit`, even none, and still have a next page.
     pub next_cursor: Option<String>,
 }
 

@@ -88,7 +88,6 @@ impl Store {
         leased
             .children
             .sort_by(|a, b| (&a.parent_id, a.sequence).cmp(&(&b.parent_id, b.sequence)));
-        self.trace_claimed(&mut leased.children).await?;
         if let Some(queue) = &leased.queue {
             let mut changes = Changes::of_queue(queue.clone());
             for child in &leased.children {

@@ -136,7 +136,6 @@ impl Store {
         if deleted == 1 {
             self.parents_changed([parent_id]);
         }
-        self.forget_trace(parent_id);
         self.child_bytes
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -58,8 +58,8 @@ pub use parents::{ParentFilter, ParentHas, ParentPage};
 /// queue, `$2` how many.
 pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
 pub use reconcile::SweepQuery;
-pub use search::{ChildFilter, ChildSearch, SearchKey};
 pub use reconcile_jobs::{JobLease, JobStep};
+pub use search::{ChildFilter, ChildSearch, SearchKey};
 pub use signals::{Heard, WorkListener};
 pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};
 
@@ -116,8 +116,6 @@ pub struct Store {
     /// Decomposed parents' largest payloads, which no longer change (see
     /// `claims::child_bytes`).
     child_bytes: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, Option<i64>>>>,
-    /// Decomposed parents' kept trace contexts (see `traces`).
-    traces: Arc<std::sync::Mutex<std::collections::HashMap<ParentId, traces::ParentTrace>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -208,7 +206,6 @@ impl Store {
             lane_claims: Arc::new(combine::Combiner::new(1)),
             outcome_batches: Arc::new(combine::Combiner::new(2)),
             child_bytes: Arc::default(),
-            traces: Arc::default(),
         })
     }
 

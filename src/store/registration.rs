@@ -47,11 +47,15 @@ static MARK_DECOMPOSED: Sql = Sql::new(|d| {
 });
 
 /// Opens the lane of a parent that was just decomposed: its queue claims may
-/// start. Its children carry no delay yet, so `floor` is its lowest pending one.
-const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor) \
+/// start. Its children carry no delay yet, so `floor` is its lowest pending one;
+/// its trace context, kept with its registration and appends, goes with it.
+const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor, \
+        traceparent, children_traced) \
     SELECT p.parent_id, p.queue, p.priority, p.position, p.child_bytes, \
         (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
-          AND c.available_at IS NULL) \
+          AND c.available_at IS NULL), \
+        (SELECT t.traceparent FROM trace_context t WHERE t.parent_id = p.parent_id AND t.sequence = -1), \
+        EXISTS (SELECT 1 FROM trace_context t WHERE t.parent_id = p.parent_id AND t.sequence >= 0) \
     FROM parent p WHERE p.parent_id = $1";
 
 /// Adds appended children (`$2`, of which `$3` skipped, the largest payload
@@ -258,7 +262,9 @@ impl Store {
 /// (so chunks written one after the other never go back) and above it.
 fn follows(top: Option<i64>, children: &[NewChild]) -> bool {
     children.windows(2).all(|w| w[0].sequence < w[1].sequence)
-        && children.first().is_none_or(|first| top.is_none_or(|top| first.sequence > top))
+        && children
+            .first()
+            .is_none_or(|first| top.is_none_or(|top| first.sequence > top))
 }
 
 /// Writes children in statements of `WRITE_CHUNK`.

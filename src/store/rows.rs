@@ -184,7 +184,7 @@ pub(crate) fn claimed_child(
             .as_deref()
             .map(parse_column)
             .transpose()?,
-        traceparent: None,
+        traceparent: row.opt_text("traceparent")?,
     };
     Ok((
         child,

@@ -127,7 +127,10 @@ enum Reach {
     /// Every parent.
     All,
     /// Every parent, keeping the children of a queue (if any) in a scope.
-    Kept { queue: Option<QueueName>, scope: Option<String> },
+    Kept {
+        queue: Option<QueueName>,
+        scope: Option<String>,
+    },
     One(OneParent),
 }
 
@@ -210,10 +213,7 @@ impl Source {
         match self.reach.clone() {
             Reach::One(parent) => self.fill_one(store, &parent, want, spent).await,
             Reach::All => self.fill_all(store, want, spent).await,
-            Reach::Kept { queue, scope } => {
-                self.fill_kept(store, queue.as_ref(), scope.as_deref(), spent)
-                    .await
-            }
+            Reach::Kept { queue, scope } => self.fill_kept(store, queue.as_ref(), scope.as_deref(), spent).await,
         }
     }
 
@@ -272,13 +272,7 @@ impl Source {
         };
         let (at, parent_id, sequence) = self.cursor_binds();
         let rows = store
-            .scan(
-                Statement::new(sql)
-                    .time(at)
-                    .text(parent_id)
-                    .int(sequence)
-                    .int(want),
-            )
+            .scan(Statement::new(sql).time(at).text(parent_id).int(sequence).int(want))
             .await?;
         spent.examined += rows.len() as u64;
         self.done = (rows.len() as i64) < want;
@@ -515,7 +509,10 @@ impl Store {
             // Many parents: those whose projections have children in the
             // state, if few (a drifted projection is repaired by reconcile).
             parents = match filter.state {
-                Some(state) => self.search_candidates(filter, by, Some(state), scope.as_deref()).await?,
+                Some(state) => {
+                    self.search_candidates(filter, by, Some(state), scope.as_deref())
+                        .await?
+                }
                 None => parents,
             };
             if parents.len() as i64 > ONE_BY_ONE {

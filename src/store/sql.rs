@@ -154,7 +154,10 @@ pub(crate) fn conflict_view(d: &Dialect) -> ClaimView {
 /// from its counters and its lane's, for `parent p LEFT JOIN lane l`: no count
 /// over its children (migration 0009 says how each is kept).
 pub(crate) static OPEN_COUNTS: LazyLock<String> = LazyLock::new(|| {
-    format!("{OPEN_IN_FLIGHT} AS open_in_flight, {OPEN_HELD} AS open_held, {} AS open_pending", open_pending())
+    format!(
+        "{OPEN_IN_FLIGHT} AS open_in_flight, {OPEN_HELD} AS open_held, {} AS open_pending",
+        open_pending()
+    )
 });
 
 /// A parent's children in flight, for `parent p LEFT JOIN lane l`.

@@ -20,14 +20,14 @@ use crate::store::{StoreResult, sql};
 /// Takes a claim's turn on parent `$1`'s lane: locks its row, waiting for
 /// the claim of the same parent ahead of it (or, with `SKIP LOCKED`, passing
 /// a lane another claim holds), if it is in queue `$2` (NULL: any) and that
-/// queue is not paused. Returns its queue, its floor and whether it has
-/// given-back children that are due. Every statement that moves a lane's
+/// queue is not paused. Returns its queue, its floor, whether it has
+/// given-back children that are due, and its parent's trace context. Every statement that moves a lane's
 /// children locks the lane first: the statement that follows it in the
 /// transaction sees all they did (a statement's snapshot is taken when it
 /// starts, so the claim is a statement of its own after the lock).
 fn take_lane(lock: &str) -> String {
     format!(
-        "SELECT queue, floor, coalesce(ready_at <= now(), false) AS due FROM lane \
+        "SELECT queue, floor, coalesce(ready_at <= now(), false) AS due, traceparent, children_traced FROM lane \
          WHERE parent_id = $1 AND ($2::text IS NULL OR lane.queue = $2) \
            AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue) {lock}"
     )
@@ -54,7 +54,9 @@ static TAKE_LANE_SKIP: LazyLock<String> = LazyLock::new(|| take_lane("FOR UPDATE
 /// statistics say, and a cached generic plan is safe. Rows are looked up on
 /// both key columns. Binds: `$1` parent id, `$2` how many in all, then one
 /// array element per child: `$3` claim ids, `$4` workers, `$5` lease
-/// seconds; `$8` the lane's queue.
+/// seconds; `$6` the floor, `$7` whether given-back children are due, `$8`
+/// the lane's queue, `$9` the parent's `traceparent` and `$10` whether
+/// children have their own (each is then looked up).
 pub static LANE_CLAIM: &str = "WITH fresh AS ( \
          SELECT c.sequence, false AS returned FROM child c \
          WHERE c.parent_id = $1 AND c.sequence >= $6 AND c.state = 'pending' AND c.available_at IS NULL \
@@ -97,7 +99,9 @@ pub static LANE_CLAIM: &str = "WITH fresh AS ( \
              claimed = l.claimed + (SELECT count(*) FROM leased) \
          WHERE l.parent_id = $1) \
      SELECT $1::text AS parent_id, sequence, key, payload, attempts, previous_attempt, lease_expires_at, claim_id, \
-         $8::text AS queue \
+         $8::text AS queue, \
+         coalesce((SELECT t.traceparent FROM trace_context t \
+                   WHERE $10 AND t.parent_id = $1 AND t.sequence = leased.sequence), $9::text) AS traceparent \
      FROM leased";
 
 /// The claimable lanes of a queue in serving order (`store::claims::QUEUE_LANES`
@@ -183,12 +187,13 @@ impl Claims for PgStore {
         let (claims, workers, leases) = (&claims, &workers, &leases);
         let rows = retry_transient(|| async move {
             let mut tx = self.held_tx().await?;
-            let lane: Option<(String, Option<i64>, bool)> = sqlx::query_as(self.pool.sql(take))
+            type Lane = (String, Option<i64>, bool, Option<String>, bool);
+            let lane: Option<Lane> = sqlx::query_as(self.pool.sql(take))
                 .bind(parent_id.as_str())
                 .bind(queue)
                 .fetch_optional(&mut *tx)
                 .await?;
-            let Some((queue, floor, due)) = lane else {
+            let Some((queue, floor, due, traceparent, children_traced)) = lane else {
                 tx.commit().await?;
                 return Ok(None);
             };
@@ -205,6 +210,8 @@ impl Claims for PgStore {
                 .bind(floor)
                 .bind(due)
                 .bind(queue)
+                .bind(traceparent)
+                .bind(children_traced)
                 .fetch_all(&mut *tx)
                 .await?;
             tx.commit().await?;

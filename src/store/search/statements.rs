@@ -143,7 +143,11 @@ fn leased(d: &Dialect, start: Start, one_parent: bool, kept: bool) -> String {
             "ORDER BY h.claimed_at DESC, h.parent_id DESC, ls.value DESC",
         )
     };
-    let hit = if kept { reached(d, "h.parent_id") } else { "true".to_owned() };
+    let hit = if kept {
+        reached(d, "h.parent_id")
+    } else {
+        "true".to_owned()
+    };
     format!(
         "SELECT x.parent_id, x.sequence, c.key, 'in_flight' AS state, c.payload, c.attempts + 1 AS attempts, \
              x.claim_id, x.worker AS claimed_by, x.expires_at AS lease_expires_at, c.previous_attempt, \
@@ -237,7 +241,10 @@ fn never_claimed_of_parent(in_order: bool, start: Start) -> String {
             "AND ($1 IS NULL OR true) AND c.sequence < $2".to_owned(),
             "ORDER BY c.sequence DESC",
         ),
-        (true, _) => (below_in_parent(start, "c.changed_at", "c.sequence"), "ORDER BY c.sequence DESC"),
+        (true, _) => (
+            below_in_parent(start, "c.changed_at", "c.sequence"),
+            "ORDER BY c.sequence DESC",
+        ),
         (false, _) => (below_in_parent(start, "c.changed_at", "c.sequence"), ORDER_IN_PARENT),
     };
     format!(

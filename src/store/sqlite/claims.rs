@@ -98,14 +98,20 @@ async fn count_unclaimed(tx: &mut SqliteTx, ended: &BTreeMap<&str, (i64, i64)>) 
     Ok(())
 }
 
+/// A claimed child's trace context: its own when children have their own
+/// (`?7`), else its parent's (`?8`).
+const TRACEPARENT: &str = "coalesce((SELECT t.traceparent FROM trace_context t \
+    WHERE ?7 AND t.parent_id = child.parent_id AND t.sequence = child.sequence), ?8) AS traceparent";
+
 /// Up to `?2` + 1 children of parent `?1` from its floor `?3` up, in the
 /// primary key (past the floor no claim has taken any), with what a claim
 /// hands out: the extra one is the next floor. `?4` is the lease's clock
-/// modifier, `?5` the claim id, `?6` the lane's queue.
+/// modifier, `?5` the claim id, `?6` the lane's queue, `?7` and `?8` the
+/// trace context (`TRACEPARENT`).
 static FRESH: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT parent_id, sequence, key, payload, attempts + 1 AS attempts, previous_attempt, \
-             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 0 AS returned \
+             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 0 AS returned, {TRACEPARENT} \
          FROM child WHERE parent_id = ?1 AND sequence >= ?3 AND state = 'pending' AND available_at IS NULL \
          ORDER BY sequence LIMIT ?2 + 1",
         lease = now_by("?4")
@@ -117,7 +123,7 @@ static FRESH: LazyLock<String> = LazyLock::new(|| {
 static DUE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT parent_id, sequence, key, payload, attempts + 1 AS attempts, previous_attempt, \
-             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 1 AS returned \
+             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 1 AS returned, {TRACEPARENT} \
          FROM child WHERE parent_id = ?1 AND state = 'pending' AND available_at <= {NOW} \
          ORDER BY available_at LIMIT ?2",
         lease = now_by("?4")
@@ -346,7 +352,8 @@ impl SqliteStore {
     ) -> StoreResult<LaneClaim> {
         static LANE: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "SELECT queue, floor, coalesce(ready_at <= {NOW}, 0) FROM lane WHERE parent_id = ?1 \
+                "SELECT queue, floor, coalesce(ready_at <= {NOW}, 0), traceparent, children_traced FROM lane \
+                 WHERE parent_id = ?1 \
                  AND (?2 IS NULL OR queue = ?2) \
                  AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
             )
@@ -359,12 +366,13 @@ impl SqliteStore {
                      ELSE ready_at END \
                  WHERE parent_id = ?1";
         let mut tx = self.held_tx().await?;
-        let lane: Option<(String, Option<i64>, bool)> = sqlx::query_as(LANE.as_str())
+        type Lane = (String, Option<i64>, bool, Option<String>, bool);
+        let lane: Option<Lane> = sqlx::query_as(LANE.as_str())
             .bind(parent_id.as_str())
             .bind(queue.map(QueueName::as_str))
             .fetch_optional(&mut *tx)
             .await?;
-        let Some((queue, floor, due)) = lane else {
+        let Some((queue, floor, due, traceparent, children_traced)) = lane else {
             return Ok(LaneClaim::default());
         };
         if floor.is_none() && !due {
@@ -383,6 +391,8 @@ impl SqliteStore {
                 .bind(&lease)
                 .bind(&claim)
                 .bind(&queue)
+                .bind(children_traced)
+                .bind(&traceparent)
         };
         let fresh = match floor {
             Some(_) => read(FRESH.as_str()).fetch_all(&mut *tx).await?,

@@ -18,6 +18,8 @@ enum Hold {
 pub(crate) struct Held {
     hold: Option<Hold>,
     handle: RawHandle,
+    /// The transaction's time, once a statement asked for it (`time`).
+    time: Option<String>,
 }
 
 /// The connection's `sqlite3` handle, used for nothing but `sqlite3_interrupt`.
@@ -38,6 +40,7 @@ impl Held {
         Ok(Self {
             hold: Some(Hold::Transaction(tx)),
             handle,
+            time: None,
         })
     }
 
@@ -48,7 +51,18 @@ impl Held {
         Ok(Self {
             hold: Some(Hold::Read(conn)),
             handle,
+            time: None,
         })
+    }
+
+    /// One time for every statement of the transaction that asks for it, as
+    /// `NOW` writes times: SQLite's clock moves between statements, where
+    /// Postgres' `now()` is the transaction's. (The database clock is this
+    /// process's.) Children written in chunks by one registration or append
+    /// then change at one time, as on Postgres.
+    pub fn time(&mut self) -> &str {
+        self.time
+            .get_or_insert_with(|| super::rows::time_param(chrono::Utc::now()))
     }
 
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {

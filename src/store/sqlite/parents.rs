@@ -33,11 +33,12 @@ impl ChildWrites for SqliteTx {
             "INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at, changed_at) \
              SELECT ?1, value ->> 0, value ->> 1, value -> 2, \
                  CASE WHEN value ->> 3 IS NULL THEN 'pending' ELSE 'skipped' END, value ->> 3, \
-                 CASE WHEN value ->> 3 IS NULL THEN NULL ELSE {NOW} END, {NOW} \
+                 CASE WHEN value ->> 3 IS NULL THEN NULL ELSE ?3 END, ?3 \
              FROM json_each(?2) WHERE true {on_conflict} RETURNING state"
         )))
         .bind(chunk.parent_id.as_str())
         .bind(children_json(chunk.children))
+        .bind(self.time().to_owned())
         .fetch_all(&mut **self)
         .await
         .map_err(|err| StoreError::from_child_insert(err, chunk.parent_id))?;

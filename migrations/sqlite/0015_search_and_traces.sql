@@ -13,22 +13,26 @@ CREATE INDEX child_given_back ON child (changed_at, parent_id, sequence)
 CREATE INDEX child_given_back_by_parent ON child (parent_id, changed_at, sequence)
     WHERE state = 'pending' AND available_at IS NOT NULL;
 
--- Leases newest claim first, across parents and of one (a row per claim and
--- parent, not per child).
+-- Leases newest claim first, across parents and of one.
 DROP INDEX claim_lease_claimed;
 CREATE INDEX claim_lease_claimed ON claim_lease (claimed_at, parent_id);
 CREATE INDEX claim_lease_parent_claimed ON claim_lease (parent_id, claimed_at);
 
--- The parents of a queue, whatever their state: a filtered search reads a
--- queue with few parents parent by parent.
+-- The parents of a queue, whatever their state.
 CREATE INDEX parent_queue ON parent (queue);
 
--- Whether a parent's children were written in sequence order (`changed_at`
--- never falls as the sequence rises): then its never-claimed children, newest
--- change first, are its rows from the top of its primary key down. A parent
--- registered whole is; one appended to keeps it while each append comes
--- after every sequence stored before it. Parents from before this are
--- counted in order when registered whole (decomposed when created).
-ALTER TABLE parent ADD COLUMN children_in_order boolean NOT NULL DEFAULT true;
-UPDATE parent SET children_in_order = false
+-- Whether a parent's children were written in sequence order (see the
+-- Postgres migration of the same name).
+ALTER TABLE parent ADD COLUMN children_in_order INTEGER NOT NULL DEFAULT 1;
+UPDATE parent SET children_in_order = 0
 WHERE decomposed_at IS NULL OR decomposed_at <> created_at;
+
+-- A lane carries its parent's trace context (issue 31): the parent's own
+-- `traceparent` and whether any child has one of its own, so a claim hands
+-- them out from the row it locks anyway, and no replica keeps a copy that a
+-- parent deleted and registered again elsewhere would leave stale.
+ALTER TABLE lane ADD COLUMN traceparent TEXT;
+ALTER TABLE lane ADD COLUMN children_traced INTEGER NOT NULL DEFAULT 0;
+UPDATE lane SET
+    traceparent = (SELECT t.traceparent FROM trace_context t WHERE t.parent_id = lane.parent_id AND t.sequence = -1),
+    children_traced = EXISTS (SELECT 1 FROM trace_context t WHERE t.parent_id = lane.parent_id AND t.sequence >= 0);
