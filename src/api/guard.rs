@@ -179,6 +179,21 @@ impl Operations {
         let method = if method == Method::HEAD { &Method::GET } else { method };
         self.0.contains(&(method.clone(), route.to_owned()))
     }
+
+    /// The methods the document lists for a route (`GET` allows `HEAD`).
+    fn methods(&self, route: &str) -> Vec<Method> {
+        let mut methods: Vec<Method> = self
+            .0
+            .iter()
+            .filter(|(_, r)| r == route)
+            .map(|(m, _)| m.clone())
+            .collect();
+        if methods.contains(&Method::GET) {
+            methods.push(Method::HEAD);
+        }
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods
+    }
 }
 
 /// Every operation of the document has a rule; else what to add, for the
@@ -211,18 +226,24 @@ pub async fn guard(
     let needed = match rule(request.method(), matched.as_str()) {
         Some(Rule::Open) => return next.run(request).await,
         Some(Rule::Needs(role)) => role,
-        // Denied by default: an operation with no rule is nobody's, whether
-        // the document lists it (the service does not start then) or it was
-        // routed without being documented.
+        // Denied by default: an operation with no rule is nobody's. A method
+        // the document does not list for a documented route (axum's 405, or
+        // a handler routed without being documented) is not allowed; a route
+        // the document does not list at all is refused.
         None => {
+            let allowed = operations.methods(matched.as_str());
+            if !allowed.is_empty() && !operations.contains(request.method(), matched.as_str()) {
+                let mut response = ApiError::MethodNotAllowed(format!("{} {}", request.method(), request.uri().path()))
+                    .into_response();
+                let allow = allowed.iter().map(Method::as_str).collect::<Vec<_>>().join(",");
+                if let Ok(allow) = header::HeaderValue::from_str(&allow) {
+                    response.headers_mut().insert(header::ALLOW, allow);
+                }
+                return response;
+            }
             state.metrics.auth_failure("forbidden");
-            let documented = if operations.contains(request.method(), matched.as_str()) {
-                ""
-            } else {
-                " (nor is it in the OpenAPI document)"
-            };
             return ApiError::Forbidden(format!(
-                "{} {} has no access rule{documented}: no token may call it",
+                "{} {} has no access rule: no token may call it",
                 request.method(),
                 matched.as_str()
             ))
