@@ -21,8 +21,8 @@ async fn claim_args(conn: &mut sqlx::PgConnection) -> String {
         .await
         .unwrap();
     format!(
-        "array_fill(gen_random_uuid(), ARRAY[100]), array_fill('explain'::text, ARRAY[100]), \
-         array_fill(300::float8, ARRAY[100]), {floor}, false, 'bulk', NULL, false"
+        "ARRAY[gen_random_uuid()], ARRAY['explain'::text], ARRAY[300::float8], {floor}, false, 'bulk', NULL, false, \
+         ARRAY[1]::bigint[]"
     )
 }
 
@@ -58,7 +58,7 @@ async fn hundred_thousand_children(backend: Backend) {
         // statement is written to make the same plan, one index per part.
         let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[], bigint, boolean, text, text, boolean) AS {}",
+            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[], bigint, boolean, text, text, boolean, bigint[]) AS {}",
             child_ledger::store::POSTGRES_LANE_CLAIM
         )))
         .execute(&mut conn)

@@ -478,7 +478,9 @@ impl Worker {
             })
             .collect();
 
-        if self.rng.chance(CRASH_PERCENT) || crash {
+        // A chunk forced to race or retry is not crashed by chance first, or
+        // that chaos could never happen in a run.
+        if crash || (!race && !retry && self.rng.chance(CRASH_PERCENT)) {
             // Crash mid-chunk: report a prefix, abandon the rest (no outcome, no release).
             let keep = self.rng.below(items.len() as u64) as usize;
             if keep > 0 {

@@ -42,3 +42,24 @@ ALTER TABLE lane ADD COLUMN children_traced boolean NOT NULL DEFAULT false;
 UPDATE lane SET
     traceparent = (SELECT t.traceparent FROM trace_context t WHERE t.parent_id = lane.parent_id AND t.sequence = -1),
     children_traced = EXISTS (SELECT 1 FROM trace_context t WHERE t.parent_id = lane.parent_id AND t.sequence >= 0);
+
+-- A lease of every sequence from its `lo` to its `hi` keeps no list
+-- (`sequences` is NULL): a claim of 500 from the floor up wrote a list of 4 KB
+-- that was toasted and compressed, and read back by every outcome.
+ALTER TABLE claim_lease ALTER COLUMN sequences DROP NOT NULL;
+CREATE OR REPLACE VIEW child_status AS
+SELECT c.parent_id, c.sequence, c.key,
+    CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END AS state,
+    c.payload, c.attempts + CASE WHEN h.claim_id IS NULL THEN 0 ELSE 1 END AS attempts,
+    coalesce(h.claim_id, c.claim_id) AS claim_id,
+    CASE WHEN h.claim_id IS NULL THEN c.claimed_by ELSE h.worker END AS claimed_by,
+    CASE WHEN h.claim_id IS NULL THEN c.lease_expires_at ELSE h.expires_at END AS lease_expires_at,
+    c.previous_attempt, c.available_at, c.reason, c.result, c.outcome_attempt, c.terminal_at,
+    CASE WHEN h.claim_id IS NULL THEN c.changed_at ELSE h.claimed_at END AS changed_at,
+    c.conflicts, c.conflict_count
+FROM child c
+LEFT JOIN lane ln ON ln.parent_id = c.parent_id
+LEFT JOIN claim_lease h ON c.state = 'pending' AND c.available_at IS NULL AND ln.parent_id IS NOT NULL
+    AND coalesce(c.sequence < ln.floor, true) AND h.parent_id = c.parent_id
+    AND h.lo <= c.sequence AND h.hi >= c.sequence
+    AND (h.sequences IS NULL OR c.sequence = ANY (h.sequences));

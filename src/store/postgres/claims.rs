@@ -53,10 +53,13 @@ static TAKE_LANE_SKIP: LazyLock<String> = LazyLock::new(|| take_lane("FOR UPDATE
 /// floor, `child_delayed` by due time), so the plan is the same whatever the
 /// statistics say, and a cached generic plan is safe. Rows are looked up on
 /// both key columns. Binds: `$1` parent id, `$2` how many in all, then one
-/// array element per child: `$3` claim ids, `$4` workers, `$5` lease
-/// seconds; `$6` the floor, `$7` whether given-back children are due, `$8`
-/// the lane's queue, `$9` the parent's `traceparent` and `$10` whether
-/// children have their own (each is then looked up).
+/// array element per ask (claims that share the statement): `$3` claim ids,
+/// `$4` workers, `$5` lease seconds, `$11` the first child (1-based) it
+/// takes; `$6` the floor, `$7` whether given-back children are due, `$8` the
+/// lane's queue, `$9` the parent's `traceparent` and `$10` whether children
+/// have their own (each is then looked up). A child finds its ask by
+/// `width_bucket` over `$11` (a binary search of a short array; indexing an
+/// array of one text per child walked it from the start for every child).
 pub static LANE_CLAIM: &str = "WITH fresh AS ( \
          SELECT c.sequence, false AS returned FROM child c \
          WHERE c.parent_id = $1 AND c.sequence >= $6 AND c.state = 'pending' AND c.available_at IS NULL \
@@ -66,24 +69,29 @@ pub static LANE_CLAIM: &str = "WITH fresh AS ( \
          WHERE $7 AND c.parent_id = $1 AND c.state = 'pending' AND c.available_at <= now() \
          ORDER BY c.available_at LIMIT $2), \
      picked AS ( \
-         SELECT p.sequence, p.returned, row_number() OVER (ORDER BY p.sequence) AS rn \
+         SELECT p.sequence, p.returned, \
+             width_bucket(row_number() OVER (ORDER BY p.sequence), $11::bigint[]) AS ask \
          FROM (SELECT * FROM fresh UNION ALL SELECT * FROM due ORDER BY sequence LIMIT $2) p), \
      taken AS ( \
          UPDATE child c SET available_at = NULL FROM picked k \
          WHERE k.returned AND c.parent_id = $1 AND c.sequence = k.sequence RETURNING c.sequence), \
      leased AS ( \
          SELECT c.sequence, c.key, c.payload, c.attempts + 1 AS attempts, c.previous_attempt, \
-             ($3::uuid[])[k.rn] AS claim_id, ($4::text[])[k.rn] AS worker, \
-             now() + make_interval(secs => ($5::float8[])[k.rn]) AS lease_expires_at \
+             ($3::uuid[])[k.ask] AS claim_id, ($4::text[])[k.ask] AS worker, \
+             now() + make_interval(secs => ($5::float8[])[k.ask]) AS lease_expires_at \
          FROM picked k JOIN child c ON c.parent_id = $1 AND c.sequence = k.sequence \
          WHERE (SELECT count(*) FROM taken) >= 0), \
      lease AS ( \
          INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi) \
-         SELECT claim_id, $1, array_agg(sequence ORDER BY sequence), max(lease_expires_at), now(), max(worker), \
-             count(*), min(sequence), max(sequence) \
+         SELECT claim_id, $1, \
+             CASE WHEN count(*) = max(sequence) - min(sequence) + 1 THEN NULL \
+                  ELSE array_agg(sequence ORDER BY sequence) END, \
+             max(lease_expires_at), now(), max(worker), count(*), min(sequence), max(sequence) \
          FROM leased GROUP BY claim_id \
          ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
-             sequences = claim_lease.sequences || excluded.sequences, \
+             sequences = coalesce(claim_lease.sequences, \
+                                  ARRAY(SELECT generate_series(claim_lease.lo, claim_lease.hi))) \
+                 || coalesce(excluded.sequences, ARRAY(SELECT generate_series(excluded.lo, excluded.hi))), \
              expires_at = greatest(claim_lease.expires_at, excluded.expires_at), \
              open = claim_lease.open + excluded.open, \
              lo = least(claim_lease.lo, excluded.lo), hi = greatest(claim_lease.hi, excluded.hi)), \
@@ -113,7 +121,10 @@ impl PgStore {
     /// been released or recorded since: the statements that follow check).
     async fn held_by_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<(String, Vec<i64>)>> {
         Ok(
-            sqlx::query_as("SELECT parent_id, sequences FROM claim_lease WHERE claim_id = $1 ORDER BY parent_id")
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT parent_id, {} FROM claim_lease l WHERE claim_id = $1 ORDER BY parent_id",
+                super::listed("l")
+            )))
                 .bind(claim_id)
                 .fetch_all(&mut **tx)
                 .await?,
@@ -126,8 +137,10 @@ impl PgStore {
 /// seconds, with the attempt counted as released; the lease lets go of them
 /// (and goes when nothing is left in it), and the lane counts them and
 /// learns the earliest due. Its lane is locked.
-const RELEASE_IN_PARENT: &str = "WITH lease AS ( \
-         SELECT sequences, worker FROM claim_lease WHERE claim_id = $4 AND parent_id = $3), \
+static RELEASE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH lease AS ( \
+         SELECT {listed} AS sequences, worker FROM claim_lease l WHERE claim_id = $4 AND parent_id = $3), \
      released AS ( \
          UPDATE child c SET \
              available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) ELSE now() END, \
@@ -139,7 +152,7 @@ const RELEASE_IN_PARENT: &str = "WITH lease AS ( \
          RETURNING c.sequence, c.available_at), \
      kept AS ( \
          UPDATE claim_lease l SET \
-             sequences = ARRAY(SELECT s FROM unnest(l.sequences) s WHERE s NOT IN (SELECT sequence FROM released)), \
+             sequences = ARRAY(SELECT s FROM unnest({listed}) s WHERE s NOT IN (SELECT sequence FROM released)), \
              open = l.open - (SELECT count(*) FROM released) \
          WHERE l.claim_id = $4 AND l.parent_id = $3 AND l.open > (SELECT count(*) FROM released)), \
      closed AS ( \
@@ -149,7 +162,10 @@ const RELEASE_IN_PARENT: &str = "WITH lease AS ( \
          UPDATE lane SET ready_at = least(ready_at, (SELECT min(available_at) FROM released)), \
              unclaimed = unclaimed + (SELECT count(*) FROM released) \
          WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM released)) \
-     SELECT count(*) FROM released";
+     SELECT count(*) FROM released",
+        listed = super::listed("l")
+    )
+});
 
 /// Locks the lanes of the parents whose children claim `$1` leased, in id
 /// order (the order a release takes them in).
@@ -174,17 +190,18 @@ impl Claims for PgStore {
             LaneTurn::Skip => TAKE_LANE_SKIP.as_str(),
         };
         let total: i64 = asks.iter().map(|a| a.limit).sum();
-        let mut claims = Vec::with_capacity(total as usize);
-        let mut workers = Vec::with_capacity(total as usize);
-        let mut leases = Vec::with_capacity(total as usize);
-        for ask in asks {
-            for _ in 0..ask.limit {
-                claims.push(ask.claim_id);
-                workers.push(ask.worker.as_deref());
-                leases.push(ask.lease_seconds as f64);
-            }
-        }
-        let (claims, workers, leases) = (&claims, &workers, &leases);
+        let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
+        let workers: Vec<Option<&str>> = asks.iter().map(|a| a.worker.as_deref()).collect();
+        let leases: Vec<f64> = asks.iter().map(|a| a.lease_seconds as f64).collect();
+        let firsts: Vec<i64> = asks
+            .iter()
+            .scan(1, |next, a| {
+                let first = *next;
+                *next += a.limit;
+                Some(first)
+            })
+            .collect();
+        let (claims, workers, leases, firsts) = (&claims, &workers, &leases, &firsts);
         let rows = retry_transient(|| async move {
             let mut tx = self.held_tx().await?;
             type Lane = (String, Option<i64>, bool, Option<String>, bool);
@@ -212,6 +229,7 @@ impl Claims for PgStore {
                 .bind(queue)
                 .bind(traceparent)
                 .bind(children_traced)
+                .bind(firsts)
                 .fetch_all(&mut *tx)
                 .await?;
             tx.commit().await?;
@@ -272,7 +290,7 @@ impl Claims for PgStore {
                 .bind(&parent_id)
                 .execute(&mut *tx)
                 .await?;
-            let n: i64 = sqlx::query_scalar(RELEASE_IN_PARENT)
+            let n: i64 = sqlx::query_scalar(RELEASE_IN_PARENT.as_str())
                 .bind(vec![parent_id.as_str(); sequences.len()])
                 .bind(&sequences)
                 .bind(&parent_id)
@@ -377,7 +395,7 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
     let exhausted = "p.max_attempts IS NOT NULL AND c.attempts + 1 >= p.max_attempts";
     format!(
         "WITH gone AS ( \
-             SELECT l.claim_id, l.sequences, l.worker, l.expires_at FROM claim_lease l \
+             SELECT l.claim_id, {listed} AS sequences, l.worker, l.expires_at FROM claim_lease l \
              WHERE l.parent_id = $2 AND l.claim_id = ANY ($1::uuid[]) AND l.expires_at <= now()), \
          moved AS ( \
              UPDATE child c SET \
@@ -408,6 +426,7 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
              WHERE parent_id = $2 AND EXISTS (SELECT 1 FROM moved)) \
          SELECT NULL, count(*) FROM moved \
          UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
-        bump = BUMP_PARENTS.as_str()
+        bump = BUMP_PARENTS.as_str(),
+        listed = super::listed("l")
     )
 });

@@ -41,13 +41,21 @@ static POSTGRES: Dialect = Dialect {
     json: |p| format!("{p}::json"),
     json_push: |column, p| format!("{column} || jsonb_build_array({p}::jsonb)"),
     json_length: |column| format!("jsonb_array_length({column})"),
-    lease_sequences: |l| format!("unnest({l}.sequences) AS ls(value)"),
-    lease_holds: |l, sequence| format!("{sequence} = ANY ({l}.sequences)"),
+    lease_sequences: |l| format!("unnest({}) AS ls(value)", listed(l)),
+    lease_holds: |l, sequence| format!("({l}.sequences IS NULL OR {sequence} = ANY ({l}.sequences))"),
     json_pairs: |p| format!("SELECT (e->>0)::bigint AS n, e->>1 AS t FROM json_array_elements({p}::json) AS e"),
     json_texts: |p| format!("SELECT json_array_elements_text({p}::json)"),
     indexed_by: |_| String::new(),
     within: sql::within_postgres,
 };
+
+/// The sequences claim lease `l` lists. A lease of every sequence from its
+/// `lo` to its `hi` (a claim from the floor up, usually) keeps no list
+/// (`sequences` is NULL): a list of 500 was toasted and compressed by every
+/// claim, and read back by every outcome.
+fn listed(l: &str) -> String {
+    format!("coalesce({l}.sequences, ARRAY(SELECT generate_series({l}.lo, {l}.hi)))")
+}
 
 /// A statement's text and values as sqlx runs them on Postgres.
 fn query(sql: &'static str, values: &[Value<'_>]) -> sqlx::query::Query<'static, Postgres, PgArguments> {

@@ -97,8 +97,8 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          ln AS (SELECT floor FROM lane WHERE parent_id = $7), \
          held AS MATERIALIZED ( \
              SELECT l.claim_id, l.worker, l.expires_at, l.lo, l.hi, s.sequences, \
-                 cardinality(s.sequences) = l.hi - l.lo + 1 AS dense \
-             FROM claim_lease l, LATERAL (SELECT l.sequences || '{{}}'::bigint[] AS sequences) s \
+                 l.sequences IS NULL OR cardinality(s.sequences) = l.hi - l.lo + 1 AS dense \
+             FROM claim_lease l, LATERAL (SELECT coalesce(l.sequences, '{{}}'::bigint[]) AS sequences) s \
              WHERE l.parent_id = $7 AND l.claim_id = ANY ($6::uuid[])), \
          racing AS ( \
              SELECT 1 FROM input u \
