@@ -188,6 +188,10 @@ impl Watchdog {
     }
 }
 
+/// Rows a statement may hand over before its reader takes them: a claim or
+/// an outcome batch at its largest (`limits::Limits::max_claim_limit`).
+const ROW_BUFFER: usize = 1024;
+
 impl SqliteStore {
     pub async fn connect(url: &str, options: &StoreOptions) -> anyhow::Result<Self> {
         let connect = SqliteConnectOptions::from_str(url)?
@@ -199,7 +203,12 @@ impl SqliteStore {
             // process on the same file is waited for as long as a writer
             // queues here, so a lock is waited out, never answered as an error.
             .busy_timeout(WRITER_WAIT)
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // sqlx hands each row from the connection's thread to the task
+            // that reads it; with its default of 50 rows in flight, a claim
+            // or outcome batch of 500 stopped the connection's thread ten
+            // times to wait for the reader.
+            .row_buffer_size(ROW_BUFFER);
         let file = connect.get_filename();
         // In memory (sqlx names such a database `file:sqlx-in-memory-N`) no
         // other process can open it, and there is no directory to lock in.
