@@ -363,9 +363,14 @@ impl LogFormat {
                 // export (tracing-opentelemetry could not give their context).
                 // Started when first needed, not when entered: a request span is named
                 // after its route once routing knows it (`api::guard`).
+                // No code location, thread or busy/idle times per span:
+                // nobody reads them on a request, and each cost its share.
                 let layer = tracing_opentelemetry::layer()
                     .with_tracer(tracer)
-                    .with_context_activation(false);
+                    .with_context_activation(false)
+                    .with_location(false)
+                    .with_threads(false)
+                    .with_tracked_inactivity(false);
                 layers.push(layer.boxed());
                 Some(exporter)
             }

@@ -155,7 +155,10 @@ async fn one_trace_from_producer_to_outcomes(backend: Backend) {
             .unwrap_or_else(|| panic!("no span {claim_span} in {described:#?}"));
         assert_eq!(claimed.name, "child claimed");
         assert_eq!(hex(&claimed.parent_span_id), PRODUCER_SPAN, "{described:#?}");
-        assert_eq!(attribute(claimed, "sequence"), Some(sequence.to_string()));
+        // One span per claim and trace context: this claim handed out one child.
+        assert_eq!(attribute(claimed, "children").as_deref(), Some("1"));
+        assert_eq!(attribute(claimed, "first_sequence"), Some(sequence.to_string()));
+        assert_eq!(attribute(claimed, "last_sequence"), Some(sequence.to_string()));
         assert!(attribute(claimed, "worker").is_some_and(|w| w.starts_with("worker-")));
         let outcome = in_trace
             .iter()
@@ -180,7 +183,8 @@ both_stores!(one_trace_from_producer_to_outcomes);
 /// Each example worker drains a queue of its own whose parent a producer
 /// registered in its trace: every child it was handed is logged with its
 /// `traceparent`, and the outcome post that reports the child nests under
-/// that child's `child claimed` span (the worker sent it as the header).
+/// the `child claimed` span of the claim that handed it out (the worker sent
+/// it as the header).
 async fn example_workers_hand_the_trace_on(backend: Backend) {
     const CHILDREN: usize = 6;
     let (endpoint, spans) = receiver().await;
@@ -257,7 +261,12 @@ async fn example_workers_hand_the_trace_on(backend: Backend) {
             .filter(|s| s.name == "child claimed")
             .map(|s| hex(&s.span_id))
             .collect();
-        assert_eq!(claimed.len(), CHILDREN, "{lang}: {described:#?}");
+        // A span per claim of the trace's children (the worker claims a few
+        // at a time), each child handed one of them.
+        assert!(
+            !claimed.is_empty() && claimed.len() < CHILDREN,
+            "{lang}: {described:#?}"
+        );
         for traceparent in handed {
             let parts: Vec<&str> = traceparent.split('-').collect();
             assert_eq!(parts.len(), 4, "{lang}: {traceparent}");

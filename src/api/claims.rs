@@ -19,7 +19,7 @@ use super::guard::Caller;
 use super::validate::{MAX_WORKER_CHARS, in_range, max_chars};
 use super::whole;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::{Claim, ClaimRequest, ClaimScope, ParentId, QueueName};
+use crate::ledger::{Claim, ClaimRequest, ClaimScope, ClaimedChild, ParentId, QueueName};
 use crate::limits::{Limits, MAX_WAIT_SECONDS};
 use crate::state::AppState;
 use crate::store::{ChildRef, StoreError};
@@ -396,30 +396,50 @@ async fn release_claim(
     Ok(Json(Released { released }))
 }
 
-/// With trace export on, each child that carries a trace context gets a
-/// span of this claim in its own trace (one per child, not one per batch),
-/// and is handed that span's context: the worker's span of the child nests
-/// under it. Without export, the kept context is handed back as it is.
+/// With trace export on, the children of a claim that carry one trace
+/// context (a parent's, or a child's own) get one span of this claim in that
+/// trace, `child claimed` (named for the children it hands out: its parent,
+/// their count and sequences), and are handed that span's context: each
+/// worker's span of a child nests under it. One span per trace context and
+/// claim, not per child: a claim of 500 children of one parent is one span.
+/// Without export, the kept context is handed back as it is.
 fn trace_each_child(claim: &mut Claim, worker: Option<&str>) {
     if !crate::telemetry::exporting() {
         return;
     }
     let claim_id = claim.claim_id;
-    for child in &mut claim.children {
-        let Some(kept) = child.traceparent.as_deref() else {
+    let mut handed: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for i in 0..claim.children.len() {
+        let Some(kept) = claim.children[i].traceparent.clone() else {
             continue;
         };
-        let handed = crate::telemetry::span_under(kept, || {
+        if let Some(span) = handed.get(&kept) {
+            claim.children[i].traceparent = Some(span.clone());
+            continue;
+        }
+        let together: Vec<&ClaimedChild> = claim.children[i..]
+            .iter()
+            .filter(|c| c.traceparent.as_deref() == Some(kept.as_str()))
+            .collect();
+        let child = &claim.children[i];
+        let (first, last) = (
+            together.first().map_or(child.sequence, |c| c.sequence),
+            together.last().map_or(child.sequence, |c| c.sequence),
+        );
+        let span = crate::telemetry::span_under(&kept, || {
             tracing::info_span!(
                 "child claimed",
                 otel.name = "child claimed",
                 parent_id = %child.parent_id,
-                sequence = child.sequence,
+                children = together.len(),
+                first_sequence = first,
+                last_sequence = last,
                 attempt = child.attempt,
                 claim_id = %claim_id,
                 worker = worker.unwrap_or(""),
             )
         });
-        child.traceparent = Some(handed);
+        handed.insert(kept, span.clone());
+        claim.children[i].traceparent = Some(span);
     }
 }

@@ -120,15 +120,13 @@ impl PgStore {
     /// The children this claim leased, by parent in id order (some may have
     /// been released or recorded since: the statements that follow check).
     async fn held_by_claim(tx: &mut PgTx, claim_id: Uuid) -> StoreResult<Vec<(String, Vec<i64>)>> {
-        Ok(
-            sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT parent_id, {} FROM claim_lease l WHERE claim_id = $1 ORDER BY parent_id",
-                super::listed("l")
-            )))
-                .bind(claim_id)
-                .fetch_all(&mut **tx)
-                .await?,
-        )
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT parent_id, {} FROM claim_lease l WHERE claim_id = $1 ORDER BY parent_id",
+            super::listed("l")
+        )))
+        .bind(claim_id)
+        .fetch_all(&mut **tx)
+        .await?)
     }
 }
 

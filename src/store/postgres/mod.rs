@@ -18,7 +18,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use async_trait::async_trait;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
-use sqlx::{Connection as _, PgConnection, Postgres};
+use sqlx::{ConnectOptions as _, Connection as _, PgConnection, Postgres};
 use tracing::Instrument as _;
 
 use super::backend::{Connection, Notifications, Row, Transaction};
@@ -126,7 +126,10 @@ impl PgStore {
                 format!("{}ms", held::CLIENT_CHECK.as_millis()),
             ),
         ];
-        let parsed = url.parse::<PgConnectOptions>()?;
+        // Statements are spans of their own (`statement::span`); sqlx's log
+        // line for each (its text summarised and formatted) was built for
+        // every statement whenever trace export was on. Slow ones still warn.
+        let parsed = url.parse::<PgConnectOptions>()?.log_statements(log::LevelFilter::Off);
         let (connect, session, pool_size) = if options.behind_transaction_pooler {
             // No startup parameter a pooler may refuse (sqlx's
             // `extra_float_digits` is for text-format floats; every value

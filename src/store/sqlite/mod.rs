@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::{ConnectOptions as _, Sqlite, SqlitePool};
 use tracing::Instrument as _;
 
 use super::backend::{Connection, Row, Transaction};
@@ -208,7 +208,9 @@ impl SqliteStore {
             // that reads it; with its default of 50 rows in flight, a claim
             // or outcome batch of 500 stopped the connection's thread ten
             // times to wait for the reader.
-            .row_buffer_size(ROW_BUFFER);
+            .row_buffer_size(ROW_BUFFER)
+            // Statements are spans of their own (see the Postgres store).
+            .log_statements(log::LevelFilter::Off);
         let file = connect.get_filename();
         // In memory (sqlx names such a database `file:sqlx-in-memory-N`) no
         // other process can open it, and there is no directory to lock in.
