@@ -77,8 +77,9 @@ struct ParentSeen {
 #[derive(Default)]
 struct QueueSeen {
     last: Option<Arc<Queue>>,
-    /// Completions are read after this.
-    after: Option<DateTime<Utc>>,
+    /// Completions are read after this completion time and, at that time,
+    /// after this parent (none: every one at that time is read again).
+    after: Option<(DateTime<Utc>, Option<ParentId>)>,
     /// The completions sent that are still read again (see `LATE_COMMIT`).
     sent: HashSet<(ParentId, DateTime<Utc>)>,
     last_completed: Option<DateTime<Utc>>,
@@ -365,11 +366,17 @@ impl EventHub {
             .await?
             .into_iter()
             .next();
-        let after = lock(&subject.state).after;
+        let after = lock(&subject.state).after.clone();
         let first = after.is_none();
-        let from = after.unwrap_or_else(|| Utc::now() - LATE_COMMIT * 2);
-        let completions = self.store.queue_completions(queue, from, COMPLETIONS_PER_READ).await?;
+        let (from, past) = after.unwrap_or_else(|| (Utc::now() - LATE_COMMIT * 2, None));
+        let completions = self
+            .store
+            .queue_completions(queue, (from, past.as_ref()), COMPLETIONS_PER_READ)
+            .await?;
         let full = completions.len() as i64 == COMPLETIONS_PER_READ;
+        let last = completions
+            .last()
+            .and_then(|p| Some((p.completed_at?, p.parent_id.clone())));
         let mut seen = lock(&subject.state);
         for parent in completions {
             let Some(at) = parent.completed_at else { continue };
@@ -381,14 +388,16 @@ impl EventHub {
             }
         }
         // Next time from the newest seen less what may still commit late
-        // (never back), or from the newest itself after a full page.
-        let next = match seen.last_completed {
-            Some(newest) if full => newest,
-            Some(newest) => from.max(newest - LATE_COMMIT),
-            None => from,
+        // (never back), or right after the last one read after a full page
+        // (the completions of one time may fill more than a page).
+        let next = match (seen.last_completed, last) {
+            (_, Some((at, parent_id))) if full => (at, Some(parent_id)),
+            (Some(newest), _) => (from.max(newest - LATE_COMMIT), None),
+            (None, _) => (from, None),
         };
+        let kept_from = next.0;
         seen.after = Some(next);
-        seen.sent.retain(|(_, at)| *at > next);
+        seen.sent.retain(|(_, at)| *at >= kept_from);
         if let Some(queue_now) = now
             && seen.last.as_deref() != Some(&queue_now)
         {

@@ -296,6 +296,58 @@ async fn a_queue_stream_shows_progress_completions_and_pauses(backend: Backend) 
     assert!(parent.next_named("paused", WAIT).await.is_some());
 }
 
+/// A queue stream resumed from an old `Last-Event-ID` replays every
+/// completion since, however many (a page at a time), on any replica: 1,200
+/// parents completed, the stream resumes on the other replica (Postgres)
+/// and shows each of them.
+async fn a_resumed_queue_stream_replays_every_completion(backend: Backend) {
+    const PARENTS: usize = 1200;
+    let a = spawn_app(backend).await;
+    let b = match backend {
+        Backend::Postgres => Some(a.replica().await),
+        Backend::Sqlite => None,
+    };
+    let reader = b.as_ref().unwrap_or(&a);
+    // Each parent's one child is skipped at registration: it completes at once.
+    let client = reqwest::Client::new();
+    let registered = futures::stream::iter(0..PARENTS)
+        .map(|i| {
+            let client = client.clone();
+            let url = format!("{}/v1/parents/R-{i:04}", a.base);
+            async move {
+                client
+                    .put(url)
+                    .json(&json!({"queue": "many", "children": [{"skip": "done"}]}))
+                    .send()
+                    .await
+                    .map(|r| r.status())
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(
+        registered.iter().all(|s| matches!(s, Ok(StatusCode::CREATED))),
+        "{:?}",
+        registered.iter().find(|s| !matches!(s, Ok(StatusCode::CREATED)))
+    );
+    // Resumed from an id older than every completion.
+    let mut stream = open(reader, "/v1/queues/many/events", None, Some("q1")).await.unwrap();
+    assert_eq!(stream.next(WAIT).await.unwrap().event, "snapshot");
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < PARENTS {
+        let event = stream
+            .next_named("completed", Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{backend:?}: only {} of {PARENTS} completions replayed", seen.len()));
+        seen.insert(event.data["parent_id"].as_str().unwrap().to_owned());
+    }
+    eprintln!(
+        "events[{backend:?}]: {} completions replayed to a resumed queue stream",
+        seen.len()
+    );
+}
+
 /// A change made through another replica reaches this replica's stream
 /// through the `LISTEN` connection, well within the hub's own backstop.
 async fn another_replicas_change_arrives(backend: Backend) {
@@ -545,6 +597,7 @@ async fn many_streams_of_one_parent_share_each_read(backend: Backend) {
 }
 
 both_stores!(
+    a_resumed_queue_stream_replays_every_completion,
     a_parent_stream_shows_progress_and_one_completion,
     a_reconnect_with_last_event_id_never_misses_a_completion,
     a_queue_stream_shows_progress_completions_and_pauses,

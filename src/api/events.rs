@@ -38,9 +38,6 @@ use streams::{ParentStream, QueueStream, Watcher};
 /// A comment this often keeps proxies from closing an idle stream.
 const HEARTBEAT: Duration = Duration::from_secs(15);
 
-/// How many completions a resumed queue stream replays at most.
-const REPLAY_LIMIT: i64 = 1000;
-
 /// Events a stream buffers before its task waits for the client.
 const BUFFERED: usize = 32;
 
@@ -173,10 +170,7 @@ async fn queue_events(
                 .ok_or_else(|| ApiError::NotFound(format!("no queue {queue}")))?,
         ),
     };
-    let replay = match last_event_id(&headers).as_deref().and_then(queue_replay_from) {
-        Some(from) => state.store.queue_completions(&queue, from, REPLAY_LIMIT).await?,
-        None => Vec::new(),
-    };
+    let replay = last_event_id(&headers).as_deref().and_then(queue_replay_from);
     let (sender, receiver) = mpsc::channel(BUFFERED);
     tokio::spawn(async move {
         let mut stream = QueueStream {

@@ -18,11 +18,12 @@ static PARENTS_BY_IDS: Sql = Sql::new(|d| {
     )
 });
 
-/// Parents of queue `$1` completed after `$2`, in the order they were
-/// stamped, `$3` at most (index `parent_queue_completed`).
+/// The parents of queue `$1` completed after completion time `$2` and, at
+/// that time, after parent `$4`, oldest completion first, `$3` at most
+/// (index `parent_queue_completed`).
 static QUEUE_COMPLETIONS: Sql = Sql::new(|_| {
     format!(
-        "{} WHERE p.queue = $1 AND p.completed_at IS NOT NULL AND p.completed_at > $2 \
+        "{} WHERE p.queue = $1 AND p.completed_at IS NOT NULL AND (p.completed_at, p.parent_id) > ($2, $4) \
          ORDER BY p.completed_at, p.parent_id LIMIT $3",
         sql::PARENT_SELECT.as_str()
     )
@@ -51,20 +52,25 @@ impl Store {
         Ok(parents)
     }
 
-    /// The parents of `queue` completed after `after`, oldest completion
-    /// first, `limit` at most.
+    /// The parents of `queue` completed after `after` (a completion time,
+    /// and the parent id of a completion at that time to go on after; none:
+    /// every completion at that time is after it), oldest completion first,
+    /// `limit` at most.
     pub async fn queue_completions(
         &self,
         queue: &QueueName,
-        after: DateTime<Utc>,
+        after: (DateTime<Utc>, Option<&ParentId>),
         limit: i64,
     ) -> StoreResult<Vec<Parent>> {
+        let (at, parent_id) = after;
         let rows = self
             .scan(
                 Statement::new(self.sql(&QUEUE_COMPLETIONS))
                     .text(queue.as_str())
-                    .time(after)
-                    .int(limit),
+                    .time(at)
+                    .int(limit)
+                    // No parent id sorts before every other.
+                    .text(parent_id.map_or("", ParentId::as_str)),
             )
             .await?;
         rows.iter().map(|row| Ok(rows::parent(&**row, false)?)).collect()

@@ -19,8 +19,6 @@ use crate::ledger::events::{completed_event_id, owes_completed, parent_event_id,
 use crate::ledger::{Parent, ParentId, Queue, QueueName};
 use crate::state::AppState;
 
-use super::REPLAY_LIMIT;
-
 /// How long a client waits before it reconnects (the `retry` field).
 const RECONNECT: Duration = Duration::from_secs(1);
 
@@ -196,6 +194,13 @@ impl ParentStream {
     }
 }
 
+/// Completions a resumed queue stream reads per statement.
+const REPLAY_PAGE: i64 = 500;
+
+/// How recent a replayed completion must be for the live feed to still
+/// carry it (the hub reads completions again for a few seconds).
+const REMEMBERED_SECONDS: i64 = 30;
+
 /// A queue stream's task.
 pub(super) struct QueueStream {
     pub(super) watcher: Watcher,
@@ -218,7 +223,9 @@ impl QueueStream {
         self.sender.send(event).await.is_ok()
     }
 
-    pub(super) async fn open(&mut self, snapshot: Arc<Queue>, replay: Vec<Parent>) {
+    /// Sends the snapshot, and then, for a stream resumed from a
+    /// `Last-Event-ID`, every completion since `replay`, page by page.
+    pub(super) async fn open(&mut self, snapshot: Arc<Queue>, replay: Option<DateTime<Utc>>) {
         let first = event("snapshot", &*snapshot, Some(&self.id())).retry(RECONNECT);
         if !self.send(first).await {
             return;
@@ -231,12 +238,42 @@ impl QueueStream {
             self.send(event("paused", &pause, None)).await;
         }
         self.sent = Some(snapshot);
-        for parent in replay {
-            if let Some(at) = parent.completed_at {
-                self.replayed.insert((parent.parent_id.clone(), at));
+        if let Some(from) = replay {
+            self.replay(from, true).await;
+        }
+    }
+
+    /// Sends every completion of the queue after `from`, oldest first, a
+    /// page at a time (the channel's room paces the reads); `false` when
+    /// the stream ended. With `remember`, the recent ones are noted so that
+    /// the live feed does not send them again.
+    async fn replay(&mut self, from: DateTime<Utc>, remember: bool) -> bool {
+        let recent = Utc::now() - chrono::TimeDelta::seconds(REMEMBERED_SECONDS);
+        let mut after: (DateTime<Utc>, Option<ParentId>) = (from, None);
+        loop {
+            let page = match self
+                .watcher
+                .state
+                .store
+                .queue_completions(&self.queue, (after.0, after.1.as_ref()), REPLAY_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(_) => return false,
+            };
+            let full = page.len() as i64 == REPLAY_PAGE;
+            for parent in &page {
+                let Some(at) = parent.completed_at else { continue };
+                if remember && at >= recent {
+                    self.replayed.insert((parent.parent_id.clone(), at));
+                }
+                if !self.completed(parent).await {
+                    return false;
+                }
+                after = (at, Some(parent.parent_id.clone()));
             }
-            if !self.completed(&parent).await {
-                return;
+            if !full {
+                return true;
             }
         }
     }
@@ -283,22 +320,7 @@ impl QueueStream {
                 // Fell behind: replay the completions since the last one sent.
                 Err(RecvError::Lagged(_)) => {
                     let from = self.last_completed - chrono::TimeDelta::seconds(5);
-                    match self
-                        .watcher
-                        .state
-                        .store
-                        .queue_completions(&self.queue, from, REPLAY_LIMIT)
-                        .await
-                    {
-                        Ok(parents) => {
-                            let mut ok = true;
-                            for parent in parents {
-                                ok = ok && self.completed(&parent).await;
-                            }
-                            ok
-                        }
-                        Err(_) => false,
-                    }
+                    self.replay(from, false).await
                 }
             };
             if !go_on {
