@@ -3,9 +3,10 @@
 //! OpenTelemetry protobuf types). One producer's registration, two workers'
 //! claims and their outcomes share the producer's trace id, nested as a user
 //! reads them: producer → registration request, producer → child claimed
-//! (one per child) → the worker's own span → the outcome request. The example
-//! workers (Python, Node, TypeScript) log each claimed child's `traceparent`
-//! and send it with the outcome post that reports it.
+//! (one per claim and trace) → the worker's own span → the outcome request.
+//! A batch of outcomes of children of several traces links to each. The
+//! example workers (Python, Node, TypeScript) log each claimed child's
+//! `traceparent` and send it with the outcome post that reports it.
 
 mod common;
 
@@ -179,6 +180,90 @@ async fn one_trace_from_producer_to_outcomes(backend: Backend) {
 }
 
 both_stores!(one_trace_from_producer_to_outcomes);
+
+/// One batch of outcomes for children of three producers' traces: the
+/// batch's span links to each trace (the `traceparent` of each item), once.
+async fn a_batch_links_to_each_childs_trace(backend: Backend) {
+    let (endpoint, spans) = receiver().await;
+    let db = TestDatabase::new(backend).await;
+    let mut service = ServiceProcess::start_with_env(
+        "otel-links",
+        &db.url,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    service.ready().await;
+    let http = reqwest::Client::new();
+    let base = service.base.clone();
+    let traces: Vec<String> = (1..=3u128).map(|n| format!("{:032x}", 0x1111_0000 + n)).collect();
+    for (n, trace) in traces.iter().enumerate() {
+        let r = http
+            .put(format!("{base}/v1/parents/L-{n}"))
+            .header("traceparent", format!("00-{trace}-{PRODUCER_SPAN}-01"))
+            .json(&json!({"queue": "linked", "children": children(2)}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    let claim: Value = http
+        .post(format!("{base}/v1/queues/linked/claims"))
+        .json(&json!({"limit": 100, "worker": "batcher"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let items: Vec<Value> = claim["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            json!({"parent_id": c["parent_id"], "sequence": c["sequence"], "outcome": "processed",
+                   "claim_id": claim["claim_id"], "traceparent": c["traceparent"]})
+        })
+        .collect();
+    assert_eq!(items.len(), 6, "{claim}");
+    let r = http
+        .post(format!("{base}/v1/outcomes"))
+        .json(&json!({"outcomes": items}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // A traceparent that is not one is refused, naming the item.
+    let r = http
+        .post(format!("{base}/v1/outcomes"))
+        .json(
+            &json!({"outcomes": [{"parent_id": "L-0", "sequence": 0, "outcome": "processed",
+                                     "claim_id": claim["claim_id"], "traceparent": "00-nope"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["field"], "outcomes[0].traceparent", "{body}");
+
+    let status = service.terminate(Duration::from_secs(15)).await;
+    assert!(status.success(), "{status}");
+    let spans = spans.lock().unwrap().clone();
+    let batch = spans
+        .iter()
+        .find(|s| s.name == "POST /v1/outcomes" && !s.links.is_empty())
+        .unwrap_or_else(|| panic!("no linked batch span among {} spans", spans.len()));
+    let mut linked: Vec<String> = batch.links.iter().map(|l| hex(&l.trace_id)).collect();
+    linked.sort();
+    assert_eq!(linked, traces, "one link per trace");
+    eprintln!("otel[{backend:?}]: one batch linked to {} traces", linked.len());
+}
+
+both_stores!(a_batch_links_to_each_childs_trace);
 
 /// Each example worker drains a queue of its own whose parent a producer
 /// registered in its trace: every child it was handed is logged with its

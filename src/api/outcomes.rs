@@ -145,7 +145,18 @@ pub struct BatchOutcome {
     #[schema(value_type = Option<Value>)]
     result: Option<Box<RawValue>>,
     claim_id: Option<Uuid>,
+    /// The W3C trace context of the child's work (the one its claim handed
+    /// out, or the worker's span of it): with trace export on, the batch's
+    /// span links to it, so one batch relates to each child's trace. Not
+    /// stored.
+    #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    #[schema(pattern = "^[0-9a-fA-F]{2}-[0-9a-fA-F]{32}-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}$")]
+    traceparent: Option<String>,
 }
+
+/// Links drawn from one batch's span at most (OpenTelemetry's default limit
+/// of links per span is 128).
+const MOST_LINKS: usize = 128;
 
 /// Many outcomes, any parents, in one request.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -252,7 +263,18 @@ async fn record_outcomes(
         ));
     }
     let mut writes = Vec::with_capacity(body.outcomes.len());
+    let mut links: Vec<String> = Vec::new();
     for (i, item) in body.outcomes.into_iter().enumerate() {
+        if let Some(traceparent) = &item.traceparent {
+            let kept = crate::ledger::trace::traceparent_field(traceparent)
+                .map_err(|why| ApiError::invalid(format!("outcomes[{i}].traceparent"), why))?;
+            if let Some(kept) = kept
+                && links.len() < MOST_LINKS
+                && !links.contains(&kept)
+            {
+                links.push(kept);
+            }
+        }
         if item.sequence < 0 {
             return Err(ApiError::invalid(
                 format!("outcomes[{i}].sequence"),
@@ -274,6 +296,9 @@ async fn record_outcomes(
             claim_id: item.claim_id,
         };
         writes.push(checked(&state.limits, &format!("outcomes[{i}]."), write)?);
+    }
+    for traceparent in &links {
+        crate::telemetry::link_current(traceparent);
     }
     let (writes, statuses) = record_within_reach(&state, &caller, writes).await?;
     let results = writes
