@@ -51,15 +51,39 @@ const LATE_COMMIT: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 pub enum Live {
     /// A parent as it is now (a parent stream's `progress`; complete once
     /// it completed).
-    Parent(Arc<Parent>),
+    Parent(Arc<LiveParent>),
     /// The parent is gone (deleted): its streams end.
     Gone,
     /// A queue as it is now (a queue stream's `progress`).
     Queue(Arc<Queue>),
     /// A parent of the queue completed (a queue stream's `completed`).
-    Completed(Arc<Parent>),
+    Completed(Arc<LiveParent>),
     /// The queue (of the parent) was paused or resumed.
     Paused { queue: QueueName, paused: bool },
+}
+
+/// A parent as one read saw it, shared by every stream that shows it: its
+/// JSON is written once for each way a reader may be shown it (see
+/// `api::redact`), not once per stream.
+#[derive(Debug)]
+pub struct LiveParent {
+    pub parent: Parent,
+    json: [std::sync::OnceLock<String>; 2],
+}
+
+impl LiveParent {
+    pub fn new(parent: Parent) -> Self {
+        Self {
+            parent,
+            json: [std::sync::OnceLock::new(), std::sync::OnceLock::new()],
+        }
+    }
+
+    /// The parent's JSON as shown to readers of kind `kind` (0 or 1),
+    /// written by `write` the first time it is asked for.
+    pub fn json(&self, kind: usize, write: impl FnOnce(&Parent) -> String) -> &str {
+        self.json[kind.min(1)].get_or_init(|| write(&self.parent))
+    }
 }
 
 /// One watched parent or queue.
@@ -70,7 +94,7 @@ struct Subject<T> {
 
 #[derive(Default)]
 struct ParentSeen {
-    last: Option<Arc<Parent>>,
+    last: Option<Arc<LiveParent>>,
     paused: Option<bool>,
 }
 
@@ -180,7 +204,7 @@ impl EventHub {
     /// Subscribes to a parent; what it is now comes with it when a stream of
     /// it is already open and nothing changed since its last read (otherwise
     /// the caller reads it).
-    pub fn watch_parent(self: &Arc<Self>, parent_id: &ParentId) -> (Subscription, Option<Arc<Parent>>) {
+    pub fn watch_parent(self: &Arc<Self>, parent_id: &ParentId) -> (Subscription, Option<Arc<LiveParent>>) {
         self.start_reader();
         let mut subjects = lock(&self.subjects);
         let subject = match subjects.parents.get(parent_id) {
@@ -267,7 +291,7 @@ impl EventHub {
                     let of_queue = lock(&subject.state)
                         .last
                         .as_ref()
-                        .is_some_and(|p| changes.queues.contains(&p.queue));
+                        .is_some_and(|p| changes.queues.contains(&p.parent.queue));
                     if of_queue {
                         marked.parents.insert(parent_id.clone());
                     }
@@ -339,12 +363,16 @@ impl EventHub {
                     }
                     continue;
                 };
-                if seen.last.as_deref().is_none_or(|last| !same_parent(last, &parent)) {
-                    let parent = Arc::new(parent);
+                if seen
+                    .last
+                    .as_deref()
+                    .is_none_or(|last| !same_parent(&last.parent, &parent))
+                {
+                    let parent = Arc::new(LiveParent::new(parent));
                     seen.last = Some(Arc::clone(&parent));
                     let _ = subject.sender.send(Live::Parent(Arc::clone(&parent)));
                 }
-                let queue = seen.last.as_ref().map(|p| p.queue.clone()).expect("just set");
+                let queue = seen.last.as_ref().map(|p| p.parent.queue.clone()).expect("just set");
                 if let Some(paused) = paused.as_ref().map(|set| set.contains(&queue))
                     && seen.paused.replace(paused).is_some_and(|was| was != paused)
                 {
@@ -383,7 +411,7 @@ impl EventHub {
             if seen.sent.insert((parent.parent_id.clone(), at)) {
                 seen.last_completed = seen.last_completed.max(Some(at));
                 if !first {
-                    let _ = subject.sender.send(Live::Completed(Arc::new(parent)));
+                    let _ = subject.sender.send(Live::Completed(Arc::new(LiveParent::new(parent))));
                 }
             }
         }

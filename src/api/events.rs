@@ -26,7 +26,7 @@ use utoipa_axum::routes;
 use super::extract::{parent_id_param, queue_param};
 use super::guard::Caller;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::events::StreamTurn;
+use crate::events::{LiveParent, StreamTurn};
 use crate::ledger::events::queue_replay_from;
 use crate::ledger::{ParentId, QueueName};
 use crate::state::AppState;
@@ -92,12 +92,12 @@ async fn parent_events(
     let (subscription, known) = state.events.watch_parent(&parent_id);
     let parent = match known {
         Some(parent) => parent,
-        None => Arc::new(state.store.parent(&parent_id, false).await?),
+        None => Arc::new(LiveParent::new(state.store.parent(&parent_id, false).await?)),
     };
-    if !watcher.reaches(&parent.queue) {
+    if !watcher.reaches(&parent.parent.queue) {
         return Err(ApiError::NotFound(format!("no parent {parent_id}")));
     }
-    let paused = state.events.paused().await?.contains(&parent.queue);
+    let paused = state.events.paused().await?.contains(&parent.parent.queue);
     let last_event_id = last_event_id(&headers);
     let (sender, receiver) = mpsc::channel(BUFFERED);
     tokio::spawn(async move {

@@ -9,7 +9,7 @@ use crate::ledger::allow_hosts::redact_url;
 use crate::store::Delivery;
 
 impl Caller {
-    fn sees_webhook_secrets(&self) -> bool {
+    pub(crate) fn sees_webhook_secrets(&self) -> bool {
         self.0.may(Role::Admin)
     }
 

@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 
 use crate::access::Role;
 use crate::api::guard::Caller;
-use crate::events::{Live, Subscription, same_parent};
+use crate::events::{Live, LiveParent, Subscription, same_parent};
 use crate::ledger::events::{completed_event_id, owes_completed, parent_event_id, queue_event_id};
-use crate::ledger::{Parent, ParentId, Queue, QueueName};
+use crate::ledger::{ParentId, Queue, QueueName};
 use crate::state::AppState;
 
 /// How long a client waits before it reconnects (the `retry` field).
@@ -62,6 +62,20 @@ impl Watcher {
     fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
         self.state.shutdown.subscribe()
     }
+
+    /// An event named `name` of `live` as this caller is shown it: its JSON
+    /// written once for every stream of the same kind of reader.
+    fn parent_event(&self, name: &str, live: &LiveParent, id: Option<&str>) -> Event {
+        let kind = usize::from(!self.caller.sees_webhook_secrets());
+        let json = live.json(kind, |parent| {
+            serde_json::to_string(&self.caller.shown(parent.clone())).unwrap_or_else(|_| "null".to_owned())
+        });
+        let event = Event::default().event(name).data(json);
+        match id {
+            Some(id) => event.id(id),
+            None => event,
+        }
+    }
 }
 
 /// One event: its name, data and id (none: the client keeps the last one).
@@ -98,7 +112,7 @@ pub(super) struct ParentStream {
     pub(super) watcher: Watcher,
     pub(super) sender: mpsc::Sender<Event>,
     /// What the client was last sent.
-    pub(super) sent: Option<Arc<Parent>>,
+    pub(super) sent: Option<Arc<LiveParent>>,
     pub(super) sent_completed: Option<String>,
 }
 
@@ -107,9 +121,12 @@ impl ParentStream {
         self.sender.send(event).await.is_ok()
     }
 
-    pub(super) async fn open(&mut self, parent: Arc<Parent>, paused: bool, last_event_id: Option<&str>) {
-        let shown = self.watcher.caller.shown((*parent).clone());
-        let snapshot = event("snapshot", &shown, Some(&parent_event_id(&parent))).retry(RECONNECT);
+    pub(super) async fn open(&mut self, live: Arc<LiveParent>, paused: bool, last_event_id: Option<&str>) {
+        let parent = &live.parent;
+        let snapshot = self
+            .watcher
+            .parent_event("snapshot", &live, Some(&parent_event_id(parent)))
+            .retry(RECONNECT);
         if !self.send(snapshot).await {
             return;
         }
@@ -120,49 +137,52 @@ impl ParentStream {
             };
             self.send(event("paused", &pause, None)).await;
         }
-        if owes_completed(&parent, last_event_id) {
-            self.send_completed(&parent).await;
+        if owes_completed(parent, last_event_id) {
+            self.send_completed(&live).await;
         } else {
-            self.sent_completed = completed_event_id(&parent);
+            self.sent_completed = completed_event_id(parent);
         }
-        self.sent = Some(parent);
+        self.sent = Some(live);
     }
 
-    async fn send_completed(&mut self, parent: &Parent) -> bool {
-        let Some(id) = completed_event_id(parent) else {
+    async fn send_completed(&mut self, live: &LiveParent) -> bool {
+        let Some(id) = completed_event_id(&live.parent) else {
             return true;
         };
-        let shown = self.watcher.caller.shown(parent.clone());
-        let sent = self.send(event("completed", &shown, Some(&id))).await;
+        let sent = self.send(self.watcher.parent_event("completed", live, Some(&id))).await;
         self.sent_completed = Some(id);
         sent
     }
 
     /// Sends a parent as it is now: `progress` when it moved, `completed`
     /// when this completion was not sent yet. `false` ends the stream.
-    async fn show(&mut self, parent: Arc<Parent>) -> bool {
+    async fn show(&mut self, live: Arc<LiveParent>) -> bool {
+        let parent = &live.parent;
         let moved_hands = self
             .sent
             .as_ref()
-            .is_none_or(|sent| sent.queue != parent.queue || sent.created_at != parent.created_at);
+            .is_none_or(|sent| sent.parent.queue != parent.queue || sent.parent.created_at != parent.created_at);
         if moved_hands && !self.watcher.reaches(&parent.queue) {
             return false;
         }
-        if self.sent.as_deref().is_none_or(|sent| !same_parent(sent, &parent)) {
-            let shown = self.watcher.caller.shown((*parent).clone());
-            if !self
-                .send(event("progress", &shown, Some(&parent_event_id(&parent))))
-                .await
-            {
+        if self
+            .sent
+            .as_deref()
+            .is_none_or(|sent| !same_parent(&sent.parent, parent))
+        {
+            let progress = self
+                .watcher
+                .parent_event("progress", &live, Some(&parent_event_id(parent)));
+            if !self.send(progress).await {
                 return false;
             }
         }
-        if completed_event_id(&parent).is_some_and(|id| self.sent_completed.as_deref() != Some(id.as_str()))
-            && !self.send_completed(&parent).await
+        if completed_event_id(parent).is_some_and(|id| self.sent_completed.as_deref() != Some(id.as_str()))
+            && !self.send_completed(&live).await
         {
             return false;
         }
-        self.sent = Some(parent);
+        self.sent = Some(live);
         true
     }
 
@@ -179,9 +199,9 @@ impl ParentStream {
                 }
                 Ok(Live::Queue(_) | Live::Completed(_)) => true,
                 // Fell behind: what it is now says all (a completion included).
-                Err(RecvError::Lagged(_)) => match self.sent.as_ref().map(|p| p.parent_id.clone()) {
+                Err(RecvError::Lagged(_)) => match self.sent.as_ref().map(|p| p.parent.parent_id.clone()) {
                     Some(parent_id) => match self.watcher.state.store.parent(&parent_id, false).await {
-                        Ok(parent) => self.show(Arc::new(parent)).await,
+                        Ok(parent) => self.show(Arc::new(LiveParent::new(parent))).await,
                         Err(_) => false,
                     },
                     None => false,
@@ -262,15 +282,15 @@ impl QueueStream {
                 Err(_) => return false,
             };
             let full = page.len() as i64 == REPLAY_PAGE;
-            for parent in &page {
+            for parent in page {
                 let Some(at) = parent.completed_at else { continue };
                 if remember && at >= recent {
                     self.replayed.insert((parent.parent_id.clone(), at));
                 }
-                if !self.completed(parent).await {
+                after = (at, Some(parent.parent_id.clone()));
+                if !self.completed(&LiveParent::new(parent)).await {
                     return false;
                 }
-                after = (at, Some(parent.parent_id.clone()));
             }
             if !full {
                 return true;
@@ -278,13 +298,12 @@ impl QueueStream {
         }
     }
 
-    async fn completed(&mut self, parent: &Parent) -> bool {
-        if let Some(at) = parent.completed_at {
+    async fn completed(&mut self, live: &LiveParent) -> bool {
+        if let Some(at) = live.parent.completed_at {
             self.last_completed = self.last_completed.max(at);
         }
-        let shown = self.watcher.caller.shown(parent.clone());
         let id = self.id();
-        self.send(event("completed", &shown, Some(&id))).await
+        self.send(self.watcher.parent_event("completed", live, Some(&id))).await
     }
 
     pub(super) async fn follow(&mut self, mut subscription: Subscription) {
@@ -301,11 +320,12 @@ impl QueueStream {
                         sent
                     }
                 }
-                Ok(Live::Completed(parent)) => {
+                Ok(Live::Completed(live)) => {
+                    let parent = &live.parent;
                     let replayed = parent
                         .completed_at
                         .is_some_and(|at| self.replayed.remove(&(parent.parent_id.clone(), at)));
-                    replayed || self.completed(&parent).await
+                    replayed || self.completed(&live).await
                 }
                 Ok(Live::Paused { paused, .. }) => {
                     let name = if paused { "paused" } else { "resumed" };
