@@ -57,6 +57,8 @@ async fn ledger_state(app: &TestApp) -> String {
         "SELECT CAST(coalesce(sum(open), 0) AS BIGINT) FROM claim_lease",
         "SELECT CAST(coalesce(sum(served), 0) AS BIGINT) FROM lane",
         "SELECT count(*) FROM queue_pause",
+        "SELECT count(*) FROM flow_limit",
+        "SELECT count(*) FROM queue_setting",
         "SELECT count(*) FROM reconcile_job",
         "SELECT count(*) FROM webhook_event",
     ] {
@@ -88,7 +90,8 @@ fn fill(template: &str, parent: &str, queue: &str, sequence: &str) -> String {
         .replace("{queue}", queue)
         .replace("{sequence}", sequence)
         .replace("{claim_id}", STRANGER)
-        .replace("{job_id}", STRANGER);
+        .replace("{job_id}", STRANGER)
+        .replace("{flow_key}", "fixture-key");
     if path.contains('{') {
         panic!("{template}: a path parameter tests/access.rs has no fixture for");
     }

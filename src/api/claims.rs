@@ -118,6 +118,10 @@ impl Drop for WaitingClaim {
     }
 }
 
+/// How often a long poll that limits hold back looks again at most (a slot
+/// frees when an outcome is recorded, a lease is released or runs out).
+const LIMITED_RECHECK: Duration = Duration::from_millis(100);
+
 /// Claims now, or as soon as work turns up within `wait`.
 async fn claim(
     state: AppState,
@@ -164,7 +168,13 @@ async fn claim(
         // every replica; in case an announcement is missed (the listener
         // reconnecting), a waiting claim still looks again on its own, and
         // keeps its place in line meanwhile.
-        let recheck = Duration::from_millis(state.limits.wait_recheck_ms);
+        let mut recheck = Duration::from_millis(state.limits.wait_recheck_ms);
+        if let Some(at) = claimed.claim.next_available_at {
+            // Held back by limits: look again when a token comes or a lease
+            // runs out, and meanwhile often, as outcomes free slots.
+            let until = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+            recheck = recheck.min(until.max(Duration::from_millis(5))).min(LIMITED_RECHECK);
+        }
         let woken = tokio::select! {
             woken = tokio::time::timeout((deadline - now).min(recheck), place.woken()) => woken.is_ok(),
             _ = shutdown.wait_for(|stopping| *stopping) => false,

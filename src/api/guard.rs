@@ -67,7 +67,10 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
             | "/v1/parents/{parent_id}/events"
             | "/v1/queues"
             | "/v1/queues/{queue}"
-            | "/v1/queues/{queue}/events",
+            | "/v1/queues/{queue}/events"
+            | "/v1/queues/{queue}/limits"
+            | "/v1/queues/{queue}/keys/{flow_key}/limits"
+            | "/v1/queues/{queue}/settings",
         ) => Some(Role::Reader),
         ("PUT", "/v1/parents/{parent_id}")
         | ("POST", "/v1/parents/{parent_id}/children" | "/v1/parents/{parent_id}/seal") => Some(Role::Producer),
@@ -91,7 +94,11 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
             | "/v1/queues/{queue}/pause"
             | "/v1/queues/{queue}/resume",
         ) => Some(Role::Admin),
-        ("DELETE", "/v1/parents/{parent_id}") => Some(Role::Admin),
+        ("DELETE", "/v1/parents/{parent_id}" | "/v1/queues/{queue}/keys/{flow_key}/limits")
+        | (
+            "PUT",
+            "/v1/queues/{queue}/limits" | "/v1/queues/{queue}/keys/{flow_key}/limits" | "/v1/queues/{queue}/settings",
+        ) => Some(Role::Admin),
         _ => None,
     }
 }

@@ -10,6 +10,7 @@ mod etag;
 mod events;
 pub mod extract;
 pub mod guard;
+mod limits;
 mod openapi;
 mod ops;
 mod outcomes;
@@ -50,6 +51,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(children::router())
         .merge(claims::router())
         .merge(queues::router())
+        .merge(limits::router())
         .merge(outcomes::router())
         .merge(events::router())
         .merge(reconcile::router())

@@ -3,14 +3,16 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use super::validate::{ChildChecker, ChildList, child_count, in_range, null_payload, raw_json_within};
+use super::validate::{ChildChecker, ChildFields, ChildList, child_count, in_range, null_payload, raw_json_within};
 use super::whole;
 use crate::error::{ApiError, ApiResult};
+use crate::ledger::admission::{ParentAdmission, RetryBackoff};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
 use crate::ledger::{ExpiredLease, NewChild, ParentId, QueueName, Registration};
 use crate::limits::Limits;
@@ -55,6 +57,23 @@ pub struct RegisterParent {
     /// or fragment; readers other than admins see its query as `?redacted`.
     #[schema(example = "https://hooks.example.com/ledger", max_length = 2048)]
     webhook_url: Option<String>,
+    /// No child is claimable before this moment (RFC 3339); a child's own
+    /// `not_before` may make it later still.
+    #[schema(example = "2026-12-01T09:00:00Z")]
+    not_before: Option<DateTime<Utc>>,
+    /// A child handed out again (its lease expired, or it was released
+    /// without a delay) waits a random time between 0 and
+    /// `min(max_seconds, initial_seconds * 2^(attempt - 1))` first.
+    retry_backoff: Option<RetryBackoff>,
+    /// The tenant, account or remote host the children count against: the
+    /// queue's per-key limits apply to it. 1-128 of `[A-Za-z0-9._:-]`.
+    #[schema(
+        example = "tenant-42",
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[A-Za-z0-9._:-]{1,128}$"
+    )]
+    flow_key: Option<String>,
 }
 
 /// One child of a registration.
@@ -77,6 +96,10 @@ pub struct ChildSpec {
     #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
     #[schema(pattern = "^[0-9a-fA-F]{2}-[0-9a-fA-F]{32}-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}$")]
     traceparent: Option<String>,
+    /// Not claimable before this moment (RFC 3339), nor before its parent's
+    /// `not_before`. Part of its content.
+    #[schema(example = "2026-12-01T09:30:00Z")]
+    not_before: Option<DateTime<Utc>>,
 }
 
 /// One child of an append, with its explicit sequence.
@@ -95,6 +118,8 @@ pub struct AppendChild {
     /// This child's W3C trace context (see registration).
     #[schema(pattern = "^[0-9a-fA-F]{2}-[0-9a-fA-F]{32}-[0-9a-fA-F]{16}-[0-9a-fA-F]{2}$")]
     traceparent: Option<String>,
+    /// Not claimable before this moment (see registration).
+    not_before: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -162,13 +187,17 @@ impl RegisterParent {
                 checker.check(
                     &format!("children[{i}]"),
                     i as i64,
-                    c.payload,
-                    c.key,
-                    c.skip,
-                    c.traceparent,
+                    ChildFields {
+                        payload: c.payload,
+                        key: c.key,
+                        skip: c.skip,
+                        traceparent: c.traceparent,
+                        not_before: c.not_before,
+                    },
                 )
             })
             .collect::<ApiResult<Vec<_>>>()?;
+        let admission = admission(self.not_before, self.retry_backoff, self.flow_key)?;
         let queue = self.queue.unwrap_or_default();
         let decomposed = self.decomposed.unwrap_or(true);
         let expired_lease = self.expired_lease.unwrap_or_default();
@@ -180,6 +209,7 @@ impl RegisterParent {
             expired_lease,
             priority,
             webhook_url: self.webhook_url.as_deref(),
+            admission: &admission,
             children: &children,
         });
         Ok(Registration {
@@ -191,6 +221,7 @@ impl RegisterParent {
             expired_lease,
             priority,
             webhook_url: self.webhook_url,
+            admission,
             children,
             fingerprint,
             traceparent: None,
@@ -223,6 +254,7 @@ impl AppendChildren {
                     payload: c.payload.unwrap_or_else(null_payload),
                     skip: c.skip,
                     traceparent: None,
+                    not_before: c.not_before,
                 };
                 if repeat.same_content(&children[first]) {
                     continue;
@@ -230,8 +262,50 @@ impl AppendChildren {
                 return Err(ApiError::repeated_sequence_differs(&field, c.sequence));
             }
             sequences.insert(c.sequence, children.len());
-            children.push(checker.check(&field, c.sequence, c.payload, c.key, c.skip, c.traceparent)?);
+            children.push(checker.check(
+                &field,
+                c.sequence,
+                ChildFields {
+                    payload: c.payload,
+                    key: c.key,
+                    skip: c.skip,
+                    traceparent: c.traceparent,
+                    not_before: c.not_before,
+                },
+            )?);
         }
         Ok(children)
     }
+}
+
+/// A registration's admission members, checked.
+fn admission(
+    not_before: Option<DateTime<Utc>>,
+    retry_backoff: Option<RetryBackoff>,
+    flow_key: Option<String>,
+) -> ApiResult<ParentAdmission> {
+    if let Some(backoff) = retry_backoff {
+        for (field, value) in [
+            ("retry_backoff.initial_seconds", backoff.initial_seconds),
+            ("retry_backoff.max_seconds", backoff.max_seconds),
+        ] {
+            if !(0.0..=86_400.0).contains(&value) {
+                return Err(ApiError::invalid(field, "must be between 0 and 86400 seconds"));
+            }
+        }
+        if backoff.max_seconds < backoff.initial_seconds {
+            return Err(ApiError::invalid(
+                "retry_backoff.max_seconds",
+                "must not be below initial_seconds",
+            ));
+        }
+    }
+    if let Some(key) = &flow_key {
+        crate::ledger::admission::check_flow_key(key).map_err(|why| ApiError::invalid("flow_key", why))?;
+    }
+    Ok(ParentAdmission {
+        not_before,
+        flow_key,
+        retry_backoff,
+    })
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -41,6 +42,15 @@ pub struct ChildChecker {
     max_payload_bytes: usize,
 }
 
+/// A child's members as sent, before `ChildChecker::check`.
+pub struct ChildFields {
+    pub payload: Option<Box<RawValue>>,
+    pub key: Option<String>,
+    pub skip: Option<String>,
+    pub traceparent: Option<String>,
+    pub not_before: Option<DateTime<Utc>>,
+}
+
 impl ChildChecker {
     pub fn new(max_payload_bytes: usize) -> Self {
         Self {
@@ -49,15 +59,14 @@ impl ChildChecker {
         }
     }
 
-    pub fn check(
-        &mut self,
-        field: &str,
-        sequence: i64,
-        payload: Option<Box<RawValue>>,
-        key: Option<String>,
-        skip: Option<String>,
-        traceparent: Option<String>,
-    ) -> ApiResult<NewChild> {
+    pub fn check(&mut self, field: &str, sequence: i64, fields: ChildFields) -> ApiResult<NewChild> {
+        let ChildFields {
+            payload,
+            key,
+            skip,
+            traceparent,
+            not_before,
+        } = fields;
         if let Some(key) = &key {
             if key.is_empty() {
                 return Err(ApiError::invalid(format!("{field}.key"), "must not be empty"));
@@ -87,6 +96,7 @@ impl ChildChecker {
             None => None,
         };
         Ok(NewChild {
+            not_before,
             sequence,
             key,
             payload,

@@ -178,6 +178,7 @@ mod tests {
             expired_lease: ExpiredLease::Retry,
             priority: 0,
             webhook_url: None,
+            admission: Default::default(),
             created_at: Utc.timestamp_micros(1_000).unwrap(),
             decomposed_at: None,
             completed_at: completed.map(|m| Utc.timestamp_micros(m).unwrap()),

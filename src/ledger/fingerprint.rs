@@ -94,6 +94,7 @@ pub struct RegistrationContent<'a> {
     pub expired_lease: ExpiredLease,
     pub priority: i32,
     pub webhook_url: Option<&'a str>,
+    pub admission: &'a super::admission::ParentAdmission,
     pub children: &'a [NewChild],
 }
 
@@ -118,12 +119,31 @@ pub fn fingerprint(content: &RegistrationContent<'_>) -> String {
         hasher.update(b"webhook_url");
         hash_str(&mut hasher, url);
     }
+    // Admission likewise, member by member.
+    let admission = content.admission;
+    if let Some(at) = admission.not_before {
+        hasher.update(b"not_before");
+        hasher.update(at.timestamp_micros().to_le_bytes());
+    }
+    if let Some(key) = &admission.flow_key {
+        hasher.update(b"flow_key");
+        hash_str(&mut hasher, key);
+    }
+    if let Some(backoff) = admission.retry_backoff {
+        hasher.update(b"retry_backoff");
+        hasher.update(backoff.initial_seconds.to_le_bytes());
+        hasher.update(backoff.max_seconds.to_le_bytes());
+    }
     hasher.update((content.children.len() as u64).to_le_bytes());
     for child in content.children {
         hasher.update(child.sequence.to_le_bytes());
         hash_opt_str(&mut hasher, child.key.as_deref());
         hash_opt_str(&mut hasher, child.skip.as_deref());
         hash_json_text(&mut hasher, child.payload.get());
+        if let Some(at) = child.not_before {
+            hasher.update(b"not_before");
+            hasher.update(at.timestamp_micros().to_le_bytes());
+        }
     }
     let digest = hasher.finalize();
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -134,6 +154,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    static NO_ADMISSION: crate::ledger::admission::ParentAdmission = crate::ledger::admission::ParentAdmission {
+        not_before: None,
+        flow_key: None,
+        retry_backoff: None,
+    };
+
     fn content<'a>(queue: &'a str, children: &'a [NewChild]) -> RegistrationContent<'a> {
         RegistrationContent {
             queue,
@@ -143,6 +169,7 @@ mod tests {
             expired_lease: ExpiredLease::Retry,
             priority: 0,
             webhook_url: None,
+            admission: &NO_ADMISSION,
             children,
         }
     }
@@ -154,6 +181,7 @@ mod tests {
             payload: serde_json::value::to_raw_value(&payload).unwrap(),
             skip: None,
             traceparent: None,
+            not_before: None,
         }
     }
 
@@ -164,6 +192,7 @@ mod tests {
             payload: serde_json::from_str(text).unwrap(),
             skip: None,
             traceparent: None,
+            not_before: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Domain types and pure rules of the ledger: no I/O lives here.
 
+pub mod admission;
 pub mod allow_hosts;
 pub mod budget;
 pub mod events;

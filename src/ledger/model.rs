@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::admission::ParentAdmission;
 use super::ids::{ParentId, QueueName};
 use super::projection::{Change, DerivedProjection, StoredProjection};
 use super::state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};
@@ -50,6 +51,8 @@ pub struct Parent {
     /// query string, which may hold the receiver's secret, is shown only to
     /// an admin: every other caller sees it as `?redacted`.
     pub webhook_url: Option<String>,
+    #[serde(flatten)]
+    pub admission: ParentAdmission,
     pub created_at: DateTime<Utc>,
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
@@ -73,6 +76,7 @@ pub struct ParentRow {
     pub expired_lease: ExpiredLease,
     pub priority: i32,
     pub webhook_url: Option<String>,
+    pub admission: ParentAdmission,
     pub total: i64,
     pub processed: i64,
     pub failed: i64,
@@ -105,6 +109,7 @@ impl ParentRow {
             expired_lease: self.expired_lease,
             priority: self.priority,
             webhook_url: self.webhook_url,
+            admission: self.admission,
             created_at: self.created_at,
             decomposed_at: self.decomposed_at,
             completed_at: self.completed_at,
@@ -145,8 +150,11 @@ pub struct Child {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// How the last attempt ended: `released` or `expired`; `null` if never.
     pub previous_attempt: Option<PreviousAttempt>,
-    /// The child is not claimable before this time (set by a delayed release).
+    /// The child is not claimable before this time (its `not_before`, a
+    /// delayed release or a retry backoff).
     pub available_at: Option<DateTime<Utc>>,
+    /// Its own `not_before` from its registration; `null`: none.
+    pub not_before: Option<DateTime<Utc>>,
     pub outcome: Option<Outcome>,
     pub reason: Option<String>,
     #[schema(value_type = Option<Value>)]
@@ -204,6 +212,8 @@ pub struct NewChild {
     /// Its W3C trace context, kept and handed back with its claims (not part
     /// of its content: a repeat with another one is the same child).
     pub traceparent: Option<String>,
+    /// Not claimable before this moment (nor before its parent's).
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 impl NewChild {
@@ -214,6 +224,7 @@ impl NewChild {
         self.sequence == other.sequence
             && self.key == other.key
             && self.skip == other.skip
+            && self.not_before == other.not_before
             && value(&self.payload) == value(&other.payload)
     }
 }
@@ -231,6 +242,7 @@ pub struct Registration {
     pub priority: i32,
     /// Checked against `--webhook-allow-hosts`.
     pub webhook_url: Option<String>,
+    pub admission: ParentAdmission,
     pub children: Vec<NewChild>,
     /// Digest of the whole registration: an identical repeat writes nothing.
     pub fingerprint: String,
@@ -335,6 +347,11 @@ pub struct Claim {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// Lowest sequence first; empty when nothing is claimable now.
     pub children: Vec<ClaimedChild>,
+    /// On an empty claim that the queue's or a key's limits (or a
+    /// `not_before`) held back: when children may be claimable again (a
+    /// slot may free sooner, when an outcome is recorded). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_available_at: Option<DateTime<Utc>>,
 }
 
 /// What an append wrote.

@@ -20,9 +20,10 @@ use uuid::Uuid;
 
 use super::backend::{LaneClaimParams, Release};
 use super::error::retry_transient;
-use super::reports::{Lane, LaneAsk, LaneTurn, Leased};
-use super::statement::{Sql, Statement};
+use super::reports::{Lane, LaneAsk, LaneClaim, LaneTurn, Leased};
+use super::statement::{Sql, SqlSet, Statement};
 use super::{ChildRef, Store, StoreError, StoreResult};
+use crate::ledger::admission::HeldBy;
 use crate::ledger::budget::ByteBudget;
 use crate::ledger::{Changes, Child, ChildState, Claim, ClaimRequest, ClaimScope, ParentId, QueueName, Work};
 
@@ -34,19 +35,59 @@ const EXPIRE_BATCH: i64 = 64;
 /// parents of one child each is filled from the first 64 and comes back short.
 const MAX_LANES: i64 = 64;
 
+/// How a queue claim orders its lanes: `QUEUE_LANES` by index.
+pub(super) const FAIR: usize = 0;
+pub(super) const OLDEST: usize = 1;
+/// Added to either: the queue has flow keys, which take turns.
+pub(super) const KEYED: usize = 2;
+
 /// The claimable lanes of queue `$1` in serving order, `$2` at most: higher
-/// priority first, then least recently served, then oldest. The index
-/// predicate is repeated so SQLite uses it too.
-pub(super) static QUEUE_LANES: Sql = Sql::new(|d| {
-    format!(
-        "SELECT parent_id, priority, child_bytes FROM lane \
-         WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) \
-           AND (floor IS NOT NULL OR ready_at <= {now}) \
-           AND NOT EXISTS (SELECT 1 FROM queue_pause WHERE queue = $1) \
-         ORDER BY priority DESC, served, position LIMIT $2",
+/// priority first, then least recently served (`FAIR`) or oldest (`OLDEST`),
+/// skipping parents whose `not_before` is ahead. With flow keys (`KEYED`):
+/// keys least recently served first (parents without a key take their turn
+/// as one key), four lanes of each in the queue's order. The index predicate
+/// is repeated so SQLite uses it too.
+pub(super) static QUEUE_LANES: SqlSet<4> = SqlSet::new(|d, i| {
+    let claimable = format!(
+        "l.queue = $1 AND (l.floor IS NOT NULL OR l.ready_at IS NOT NULL) \
+           AND (l.floor IS NOT NULL OR l.ready_at <= {now}) \
+           AND (l.not_before IS NULL OR l.not_before <= {now}) \
+           AND NOT EXISTS (SELECT 1 FROM queue_pause WHERE queue = $1)",
         now = d.now
+    );
+    let order = if i % KEYED == OLDEST {
+        "l.priority DESC, l.position"
+    } else {
+        "l.priority DESC, l.served, l.position"
+    };
+    if i < KEYED {
+        return format!(
+            "SELECT l.parent_id, l.priority, l.child_bytes, l.flow_key FROM lane l WHERE {claimable} \
+             ORDER BY {order} LIMIT $2"
+        );
+    }
+    format!(
+        "SELECT parent_id, priority, child_bytes, flow_key FROM ( \
+             SELECT l.parent_id, l.priority, l.child_bytes, l.flow_key, coalesce(f.served, 0) AS key_served, \
+                 row_number() OVER (PARTITION BY coalesce(l.flow_key, '') ORDER BY {order}) AS nth \
+             FROM lane l LEFT JOIN flow_limit f ON f.queue = l.queue AND f.flow_key = coalesce(l.flow_key, '') \
+             WHERE {claimable}) w \
+         WHERE nth <= 4 ORDER BY key_served, coalesce(flow_key, ''), nth LIMIT $2"
     )
 });
+
+/// When the first parent of queue `$1` whose `not_before` is ahead comes due.
+static NEXT_NOT_BEFORE: Sql = Sql::new(|d| {
+    format!(
+        "SELECT min(not_before) AS due FROM lane \
+         WHERE queue = $1 AND (floor IS NOT NULL OR ready_at IS NOT NULL) AND not_before > {}",
+        d.now
+    )
+});
+
+/// Queue `$1`'s order (`queue_setting`), and whether it has flow keys.
+const QUEUE_ORDER: &str = "SELECT (SELECT claim_order FROM queue_setting WHERE queue = $1) AS claim_order, \
+    EXISTS (SELECT 1 FROM flow_limit WHERE queue = $1 AND flow_key = '') AS keyed";
 
 /// A decomposed parent's largest payload (its lane's `child_bytes`).
 const LANE_CHILD_BYTES: &str = "SELECT child_bytes FROM lane WHERE parent_id = $1";
@@ -84,6 +125,16 @@ impl Store {
                 (None, _) => return Err(StoreError::ParentNotFound(parent_id.clone())),
             }
         }
+        if let (ClaimScope::Queue(queue), true) = (&request.scope, leased.children.is_empty()) {
+            // Parents whose `not_before` is ahead are not among its lanes: say when the first comes due.
+            let sql = self.sql(&NEXT_NOT_BEFORE);
+            let row = self.fetch_optional(Statement::new(sql).text(queue.as_str())).await?;
+            let due = row.map(|row| row.opt_time("due")).transpose()?.flatten();
+            leased.next_available_at = match (leased.next_available_at, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         // RETURNING has no order: hand children out lowest sequence first.
         leased
             .children
@@ -101,6 +152,7 @@ impl Store {
             claim: Claim {
                 claim_id: request.claim_id,
                 lease_expires_at: leased.lease_expires_at,
+                next_available_at: leased.next_available_at.filter(|_| leased.children.is_empty()),
                 children: leased.children,
             },
             queue: leased.queue,
@@ -114,7 +166,7 @@ impl Store {
                 let want = budget.claimable(self.child_bytes(parent_id).await?, limit);
                 self.claim_within(request, parent_id, want, LaneTurn::Wait, budget)
                     .await
-                    .map(|(leased, _)| leased)
+                    .map(|claim| claim.leased)
             }
             ClaimScope::Queue(queue) => self.claim_queue(request, queue, limit, budget).await,
         }
@@ -156,18 +208,28 @@ impl Store {
         want: i64,
         turn: LaneTurn,
         budget: &mut ByteBudget,
-    ) -> StoreResult<(Leased, bool)> {
+    ) -> StoreResult<LaneClaim> {
         if want <= 0 {
-            return Ok((Leased::default(), false));
+            return Ok(LaneClaim::default());
         }
-        let (leased, taken) = self.claim_lane(request, parent_id, want, turn).await?;
-        budget.spend_claimed(&leased.children);
-        Ok((leased, taken))
+        let claim = self.claim_lane(request, parent_id, want, turn).await?;
+        budget.spend_claimed(&claim.leased.children);
+        Ok(claim)
     }
 
     /// The first `limit` claimable lanes of a queue, in serving order.
     async fn queue_lanes(&self, queue: &QueueName, limit: i64) -> StoreResult<Vec<Lane>> {
-        let sql = self.sql(&QUEUE_LANES);
+        let order = retry_transient(|| self.db.fetch(Statement::new(QUEUE_ORDER).text(queue.as_str()))).await?;
+        let mut which = FAIR;
+        if let Some(row) = order.first() {
+            if row.opt_text("claim_order")?.as_deref() == Some("oldest") {
+                which = OLDEST;
+            }
+            if row.bool("keyed")? {
+                which += KEYED;
+            }
+        }
+        let sql = self.sql_of(&QUEUE_LANES, which);
         let rows = retry_transient(|| self.db.fetch(Statement::new(sql).text(queue.as_str()).int(limit))).await?;
         Ok(rows
             .iter()
@@ -176,12 +238,15 @@ impl Store {
                     row.text("parent_id")?,
                     row.int32("priority")?,
                     row.opt_int32("child_bytes")?,
+                    row.opt_text("flow_key")?,
                 ))
             })
             .collect::<Result<_, sqlx::Error>>()?)
     }
 
-    /// Up to `limit` children from the lanes of a queue, in serving order.
+    /// Up to `limit` children from the lanes of a queue, in serving order. A
+    /// lane whose key is at its limit is passed by with the rest of that
+    /// key's lanes; a queue at its limit ends the claim.
     async fn claim_queue(
         &self,
         request: &ClaimRequest,
@@ -191,17 +256,26 @@ impl Store {
     ) -> StoreResult<Leased> {
         let lanes = self.queue_lanes(queue, limit.min(MAX_LANES)).await?;
         let mut leased = Leased::default();
+        let mut held_keys: Vec<&str> = Vec::new();
         // The first lane passed by as busy, waited for before any lower priority.
         let mut busy: Option<&Lane> = None;
         for lane in &lanes {
+            if let Some(key) = lane.flow_key.as_deref()
+                && held_keys.contains(&key)
+            {
+                continue;
+            }
             if let Some(first_busy) = busy.filter(|b| b.priority > lane.priority) {
                 let want = budget.claimable(first_busy.child_bytes, limit - leased.children.len() as i64);
-                leased.merge(
-                    self.claim_within(request, &first_busy.parent_id, want, LaneTurn::Wait, budget)
-                        .await?
-                        .0,
-                );
+                let claim = self
+                    .claim_within(request, &first_busy.parent_id, want, LaneTurn::Wait, budget)
+                    .await?;
+                let stop = claim.held_by == Some(HeldBy::Queue);
+                leased.merge(claim.leased);
                 busy = None;
+                if stop {
+                    return Ok(leased);
+                }
             }
             let want = limit - leased.children.len() as i64;
             if want <= 0 {
@@ -212,10 +286,16 @@ impl Store {
                 // This lane's children do not fit what is left; a later lane's smaller ones might.
                 continue;
             }
-            let (got, taken) = self
+            let claim = self
                 .claim_within(request, &lane.parent_id, want, LaneTurn::Skip, budget)
                 .await?;
-            leased.merge(got);
+            let (taken, held_by) = (claim.taken, claim.held_by);
+            leased.merge(claim.leased);
+            match held_by {
+                Some(HeldBy::Queue) => return Ok(leased),
+                Some(HeldBy::Key) => held_keys.extend(lane.flow_key.as_deref()),
+                None => {}
+            }
             if !taken && busy.is_none() {
                 busy = Some(lane);
             }
@@ -226,13 +306,14 @@ impl Store {
             leased.merge(
                 self.claim_within(request, &first_busy.parent_id, want, LaneTurn::Wait, budget)
                     .await?
-                    .0,
+                    .leased,
             );
         }
         Ok(leased)
     }
 
-    /// Up to `limit` children of one parent; whether its lane was taken.
+    /// Up to `limit` children of one parent; whether its lane was taken, and
+    /// whether a limit held it back.
     /// Claims of the same parent in this process share a statement when they
     /// arrive while one runs (see `combine`); a queue claim passes a lane this
     /// process is claiming from by, as it would pass one locked elsewhere.
@@ -242,7 +323,7 @@ impl Store {
         parent_id: &ParentId,
         limit: i64,
         turn: LaneTurn,
-    ) -> StoreResult<(Leased, bool)> {
+    ) -> StoreResult<LaneClaim> {
         // The queue the lane must still be in: a parent deleted and registered
         // again in another queue since it was chosen hands out nothing.
         let queue = match &request.scope {
@@ -256,7 +337,7 @@ impl Store {
                     .lane_claims
                     .busy(&(parent_id.clone(), LaneTurn::Wait, queue.clone())))
         {
-            return Ok((Leased::default(), false));
+            return Ok(LaneClaim::default());
         }
         let ask = LaneAsk {
             claim_id: request.claim_id,
@@ -281,7 +362,7 @@ impl Store {
                 }
             })
             .await?;
-        Ok((claim.leased, claim.taken))
+        Ok(claim)
     }
 
     /// The queues of the parents whose children a claim holds (in practice

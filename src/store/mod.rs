@@ -9,6 +9,7 @@
 //! claims, completed parents: `signals.rs`), so every caller gets it. It
 //! answers in its own types and `StoreError`, and never speaks HTTP.
 
+mod admission;
 mod backend;
 mod children;
 mod claims;

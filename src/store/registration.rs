@@ -18,9 +18,9 @@ static REGISTER: Sql = Sql::new(|d| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
                              total, skipped, priority, child_bytes, created_at, decomposed_at, completed_at, \
-                             webhook_url) \
+                             webhook_url, not_before, flow_key, backoff_initial, backoff_max) \
          VALUES ($1, $2, {payload}, $4, $5, $6, $7, $8, $10, $11, {now}, CASE WHEN $9 THEN {now} END, \
-                 CASE WHEN {complete} THEN {now} END, $12) \
+                 CASE WHEN {complete} THEN {now} END, $12, $13, $14, $15, $16) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL AS completed",
         payload = (d.json)("$3"),
         now = d.now,
@@ -47,16 +47,50 @@ static MARK_DECOMPOSED: Sql = Sql::new(|d| {
 });
 
 /// Opens the lane of a parent that was just decomposed: its queue claims may
-/// start. Its children carry no delay yet, so `floor` is its lowest pending one;
-/// its trace context, kept with its registration and appends, goes with it.
-const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor, \
-        traceparent, children_traced) \
+/// start. `floor` is its lowest pending child without a delay (none when
+/// some child has a `not_before`: see `DELAY_ALL`), `ready_at` its earliest
+/// delayed one; its `not_before`, flow key and trace context (kept with its
+/// registration and appends) go with it.
+const OPEN_LANE: &str = "INSERT INTO lane (parent_id, queue, priority, position, child_bytes, floor, ready_at, \
+        traceparent, children_traced, not_before, flow_key) \
     SELECT p.parent_id, p.queue, p.priority, p.position, p.child_bytes, \
         (SELECT min(c.sequence) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
           AND c.available_at IS NULL), \
+        (SELECT min(c.available_at) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'pending' \
+          AND c.available_at IS NOT NULL), \
         (SELECT t.traceparent FROM trace_context t WHERE t.parent_id = p.parent_id AND t.sequence = -1), \
-        EXISTS (SELECT 1 FROM trace_context t WHERE t.parent_id = p.parent_id AND t.sequence >= 0) \
+        EXISTS (SELECT 1 FROM trace_context t WHERE t.parent_id = p.parent_id AND t.sequence >= 0), \
+        p.not_before, p.flow_key \
     FROM parent p WHERE p.parent_id = $1";
+
+/// Gives children `$2` (JSON `[[sequence, time], ...]`) of parent `$1` their
+/// own `not_before`, as their `available_at`.
+static DELAY_CHILDREN: Sql = Sql::new(|d| {
+    format!(
+        "UPDATE child SET not_before = {at}, available_at = {at} \
+         FROM ({pairs}) x WHERE child.parent_id = $1 AND child.sequence = x.n AND child.state = 'pending'",
+        at = (d.as_time)("x.t"),
+        pairs = (d.json_pairs)("$2")
+    )
+});
+
+/// When some child of parent `$1` has its own `not_before`, every pending
+/// child without one gets an `available_at` of now: all its children are
+/// then handed out through `available_at` (earliest first), and its lane
+/// opens without a floor. A child claimed early in sequence order could
+/// otherwise sit above the floor and be read again from it.
+static DELAY_ALL: Sql = Sql::new(|d| {
+    format!(
+        "UPDATE child SET available_at = {now} \
+         WHERE parent_id = $1 AND state = 'pending' AND available_at IS NULL \
+           AND EXISTS (SELECT 1 FROM child d WHERE d.parent_id = $1 AND d.not_before IS NOT NULL)",
+        now = d.now
+    )
+});
+
+/// The flow rows of a keyed parent's queue and key (see `store::admission`).
+const FLOW_ROWS: &str = "INSERT INTO flow_limit (queue, flow_key) VALUES ($1, ''), ($1, $2) \
+    ON CONFLICT (queue, flow_key) DO NOTHING";
 
 /// Adds appended children (`$2`, of which `$3` skipped, the largest payload
 /// `$4` bytes) to a parent's projection; `$5`: whether they came after every
@@ -117,7 +151,11 @@ impl Store {
                     .bool(registration.decomposed)
                     .int32(registration.priority)
                     .int(largest_payload(&registration.children))
-                    .text(registration.webhook_url.as_deref()),
+                    .text(registration.webhook_url.as_deref())
+                    .time(registration.admission.not_before)
+                    .text(registration.admission.flow_key.as_deref())
+                    .float(registration.admission.retry_backoff.map(|b| b.initial_seconds))
+                    .float(registration.admission.retry_backoff.map(|b| b.max_seconds)),
             )
             .await?
             .into_iter()
@@ -145,7 +183,12 @@ impl Store {
         )
         .await?;
         if registration.decomposed {
-            tx.execute(Statement::new(OPEN_LANE).text(parent_id.as_str())).await?;
+            self.open_lane(
+                &mut *tx,
+                parent_id,
+                registration.children.iter().any(|c| c.not_before.is_some()),
+            )
+            .await?;
         }
         let completed: &[ParentId] = if completed {
             std::slice::from_ref(parent_id)
@@ -240,7 +283,7 @@ impl Store {
                     .bool(completed),
             )
             .await?;
-            tx.execute(Statement::new(OPEN_LANE).text(parent_id.as_str())).await?;
+            self.open_lane(&mut *tx, parent_id, true).await?;
         }
         let completed: &[ParentId] = if completed {
             std::slice::from_ref(parent_id)
@@ -256,6 +299,31 @@ impl Store {
         Ok(parent)
     }
 }
+
+impl Store {
+    /// Opens a decomposed parent's lane (`OPEN_LANE`), its children all
+    /// delayed first when some may have a `not_before` (`DELAY_ALL`), and the
+    /// flow rows of its key.
+    async fn open_lane(&self, tx: &mut dyn Transaction, parent_id: &ParentId, delayed: bool) -> StoreResult<()> {
+        if delayed {
+            tx.execute(Statement::new(self.sql(&DELAY_ALL)).text(parent_id.as_str()))
+                .await?;
+        }
+        let lane = tx
+            .fetch(Statement::new(OPEN_LANE_KEYED.as_str()).text(parent_id.as_str()))
+            .await?;
+        if let Some(key) = lane.first().map(|row| row.opt_text("flow_key")).transpose()?.flatten() {
+            let queue = lane[0].text("queue")?;
+            tx.execute(Statement::new(FLOW_ROWS).text(queue.as_str()).text(key.as_str()))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `OPEN_LANE`, saying the lane's queue and flow key.
+static OPEN_LANE_KEYED: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{OPEN_LANE} RETURNING queue, flow_key"));
 
 /// Whether appended `children` keep a parent's children in sequence order
 /// after `top`, its highest sequence before: they come in ascending order
@@ -285,6 +353,20 @@ async fn insert_children(
             .await?;
         inserted.rows += written.rows;
         inserted.skipped += written.skipped;
+        let delayed: Vec<(i64, String)> = chunk
+            .iter()
+            .filter(|c| c.skip.is_none())
+            .filter_map(|c| {
+                c.not_before
+                    .map(|at| (c.sequence, at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()))
+            })
+            .collect();
+        if !delayed.is_empty() {
+            let pairs = serde_json::to_string(&delayed).unwrap_or_else(|_| "[]".to_owned());
+            let sql = DELAY_CHILDREN.of(tx.dialect());
+            tx.execute(Statement::new(sql).text(parent_id.as_str()).text(pairs.as_str()))
+                .await?;
+        }
     }
     Ok(inserted)
 }

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::rows::{LedgerRow, claimed_child};
+use crate::ledger::admission::HeldBy;
 use crate::ledger::projection::Tally;
 use crate::ledger::{ChildState, ClaimedChild, ParentId, QueueName};
 
@@ -16,6 +17,9 @@ pub(crate) struct Leased {
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// The queue of the parents they came from (a claim draws from one queue).
     pub queue: Option<QueueName>,
+    /// When a claim that limits (or a `not_before`) held back may find
+    /// children: the earliest of its lanes'.
+    pub next_available_at: Option<DateTime<Utc>>,
 }
 
 impl Leased {
@@ -27,6 +31,10 @@ impl Leased {
             (a, b) => a.or(b),
         };
         self.queue = self.queue.take().or(more.queue);
+        self.next_available_at = match (self.next_available_at, more.next_available_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.children.extend(more.children);
     }
 
@@ -50,15 +58,18 @@ impl Leased {
 pub(crate) struct Lane {
     pub parent_id: ParentId,
     pub priority: i32,
+    /// Its parent's flow key.
+    pub flow_key: Option<String>,
     /// The parent's largest payload in bytes (`None`: not on record).
     pub child_bytes: Option<i64>,
 }
 
 impl Lane {
-    pub fn new(parent_id: String, priority: i32, child_bytes: Option<i32>) -> Self {
+    pub fn new(parent_id: String, priority: i32, child_bytes: Option<i32>, flow_key: Option<String>) -> Self {
         Self {
             parent_id: ParentId::from_ledger(parent_id),
             priority,
+            flow_key,
             child_bytes: child_bytes.map(i64::from),
         }
     }
@@ -89,6 +100,8 @@ pub(crate) struct LaneClaim {
     /// The lane was there and this claim took its turn on it; `false` when it
     /// was passed by as busy, or the parent has no lane (not decomposed).
     pub taken: bool,
+    /// Which limit held it back, if one did.
+    pub held_by: Option<HeldBy>,
 }
 
 impl LaneClaim {
@@ -111,6 +124,7 @@ impl LaneClaim {
                 Ok(Self {
                     leased: Leased::from_rows(rows.into_iter().map(claimed_child))?,
                     taken: true,
+                    held_by: None,
                 })
             })
             .collect()
@@ -299,5 +313,35 @@ impl QueueRow {
                 self.epoch.rem_euclid(60.0),
             ),
         }
+    }
+}
+
+impl LaneClaim {
+    /// Each ask's share of `allowed` children, in order: the first asks are
+    /// served whole.
+    pub fn admitted_asks(asks: &[LaneAsk], allowed: i64) -> Vec<LaneAsk> {
+        let mut left = allowed;
+        asks.iter()
+            .map(|ask| {
+                let limit = ask.limit.min(left).max(0);
+                left -= limit;
+                LaneAsk { limit, ..ask.clone() }
+            })
+            .collect()
+    }
+
+    /// What each of `asks` gets from a lane a limit or a `not_before` holds
+    /// back: nothing, and when to come back.
+    pub fn held_back(asks: &[LaneAsk], held_by: Option<HeldBy>, next: Option<DateTime<Utc>>) -> Vec<Self> {
+        asks.iter()
+            .map(|_| Self {
+                leased: Leased {
+                    next_available_at: next,
+                    ..Leased::default()
+                },
+                taken: true,
+                held_by,
+            })
+            .collect()
     }
 }

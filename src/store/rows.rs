@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::ledger::admission::{ParentAdmission, RetryBackoff};
 use crate::ledger::{
     Child, ChildState, ClaimedChild, Conflict, OpenCounts, Outcome, Parent, ParentId, ParentRow, QueueName,
     idempotency_key,
@@ -20,6 +21,7 @@ pub(crate) trait LedgerRow {
     fn int32(&self, column: &str) -> Result<i32, sqlx::Error>;
     fn opt_int32(&self, column: &str) -> Result<Option<i32>, sqlx::Error>;
     fn float(&self, column: &str) -> Result<f64, sqlx::Error>;
+    fn opt_float(&self, column: &str) -> Result<Option<f64>, sqlx::Error>;
     fn bool(&self, column: &str) -> Result<bool, sqlx::Error>;
     fn time(&self, column: &str) -> Result<DateTime<Utc>, sqlx::Error>;
     fn opt_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
@@ -69,6 +71,9 @@ where
     fn float(&self, column: &str) -> Result<f64, sqlx::Error> {
         self.try_get(column)
     }
+    fn opt_float(&self, column: &str) -> Result<Option<f64>, sqlx::Error> {
+        self.try_get(column)
+    }
     fn bool(&self, column: &str) -> Result<bool, sqlx::Error> {
         self.try_get(column)
     }
@@ -105,6 +110,17 @@ pub(crate) fn parent(row: &(impl LedgerRow + ?Sized), include_payload: bool) -> 
         expired_lease: parse_column(&row.text("expired_lease")?)?,
         priority: row.int32("priority")?,
         webhook_url: row.opt_text("webhook_url")?,
+        admission: ParentAdmission {
+            not_before: row.opt_time("not_before")?,
+            flow_key: row.opt_text("flow_key")?,
+            retry_backoff: match (row.opt_float("backoff_initial")?, row.opt_float("backoff_max")?) {
+                (Some(initial_seconds), Some(max_seconds)) => Some(RetryBackoff {
+                    initial_seconds,
+                    max_seconds,
+                }),
+                _ => None,
+            },
+        },
         total: row.int("total")?,
         processed: row.int("processed")?,
         failed: row.int("failed")?,
@@ -155,6 +171,7 @@ pub(crate) fn child(row: &(impl LedgerRow + ?Sized)) -> Result<Child, sqlx::Erro
             .map(parse_column)
             .transpose()?,
         available_at: row.opt_time("available_at")?,
+        not_before: row.opt_time("not_before")?,
         outcome: Outcome::from_state(state),
         reason: row.opt_text("reason")?,
         result: row.raw_json("result")?,

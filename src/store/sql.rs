@@ -113,7 +113,7 @@ pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, \
     coalesce(h.claim_id, c.claim_id) AS claim_id, \
     CASE WHEN h.claim_id IS NULL THEN c.claimed_by ELSE h.worker END AS claimed_by, \
     CASE WHEN h.claim_id IS NULL THEN c.lease_expires_at ELSE h.expires_at END AS lease_expires_at, \
-    c.previous_attempt, c.available_at, c.reason, c.result, c.outcome_attempt, c.terminal_at, \
+    c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, c.outcome_attempt, c.terminal_at, \
     CASE WHEN h.claim_id IS NULL THEN c.changed_at ELSE h.claimed_at END AS changed_at, \
     c.conflicts, c.conflict_count";
 
@@ -175,6 +175,7 @@ pub(crate) fn open_pending() -> String {
 pub(crate) static PARENT_SELECT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, p.expired_lease, p.priority, p.webhook_url, \
+             p.not_before, p.flow_key, p.backoff_initial, p.backoff_max, \
              p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
              p.last_progress_at, p.position, {open_counts} \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id",
@@ -221,6 +222,18 @@ pub(crate) fn loser_facts(d: &Dialect, input: &str) -> String {
         fence = fence_admits("u.claim_id", &view),
         from = child_view(d)
     )
+}
+
+/// The delay in seconds of a child handed out again after `attempts`
+/// attempts ended (an expression), by parent `p`'s `retry_backoff`:
+/// `RetryBackoff::ceiling` times `random` (the dialect's random fraction in
+/// [0, 1): full jitter); 0 without a backoff.
+pub(crate) fn backoff_seconds(random: &str, p: &str, attempts: &str) -> String {
+    let ceiling = format!(
+        "{p}.backoff_initial * (1 << (CASE WHEN {attempts} > 31 THEN 30 WHEN {attempts} < 1 THEN 0 \
+             ELSE {attempts} - 1 END))"
+    );
+    format!("coalesce(CASE WHEN {ceiling} > {p}.backoff_max THEN {p}.backoff_max ELSE {ceiling} END * {random}, 0)")
 }
 
 #[cfg(test)]

@@ -101,6 +101,8 @@ pub(crate) struct Dialect {
     pub later: fn(param: &str) -> String,
     /// The clock `param` seconds ago.
     pub ago: fn(param: &str) -> String,
+    /// Time text `param` (as SQLite writes times) as a value of a time column.
+    pub as_time: fn(param: &str) -> String,
     /// JSON text `param` as a value of a `json` column.
     pub json: fn(param: &str) -> String,
     /// A JSON array column with JSON text `param` appended to it.

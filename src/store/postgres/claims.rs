@@ -11,23 +11,30 @@ use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
 use super::{POSTGRES, PgStore, PgTx};
+use crate::ledger::admission::HeldBy;
 use crate::ledger::{ClaimScope, ParentId, QueueName};
+use crate::store::admission::Admission;
 use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
 use crate::store::error::retry_transient;
-use crate::store::reports::{LaneClaim, LaneTurn};
+use crate::store::reports::{LaneAsk, LaneClaim, LaneTurn};
 use crate::store::{StoreResult, sql};
 
 /// Takes a claim's turn on parent `$1`'s lane: locks its row, waiting for
 /// the claim of the same parent ahead of it (or, with `SKIP LOCKED`, passing
 /// a lane another claim holds), if it is in queue `$2` (NULL: any) and that
 /// queue is not paused. Returns its queue, its floor, whether it has
-/// given-back children that are due, and its parent's trace context. Every statement that moves a lane's
+/// given-back children that are due, its parent's trace context and flow
+/// key, when its `not_before` is still ahead, and whether its queue has
+/// limits (`store::admission`). Every statement that moves a lane's
 /// children locks the lane first: the statement that follows it in the
 /// transaction sees all they did (a statement's snapshot is taken when it
 /// starts, so the claim is a statement of its own after the lock).
 fn take_lane(lock: &str) -> String {
     format!(
-        "SELECT queue, floor, coalesce(ready_at <= now(), false) AS due, traceparent, children_traced FROM lane \
+        "SELECT queue, floor, coalesce(ready_at <= now(), false) AS due, traceparent, children_traced, flow_key, \
+             CASE WHEN not_before > now() THEN not_before END AS wait_until, \
+             (SELECT f.limited FROM flow_limit f WHERE f.queue = lane.queue AND f.flow_key = '') AS limited \
+         FROM lane \
          WHERE parent_id = $1 AND ($2::text IS NULL OR lane.queue = $2) \
            AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue) {lock}"
     )
@@ -57,7 +64,7 @@ static TAKE_LANE_SKIP: LazyLock<String> = LazyLock::new(|| take_lane("FOR UPDATE
 /// `$4` workers, `$5` lease seconds, `$11` the first child (1-based) it
 /// takes; `$6` the floor, `$7` whether given-back children are due, `$8` the
 /// lane's queue, `$9` the parent's `traceparent` and `$10` whether children
-/// have their own (each is then looked up). A child finds its ask by
+/// have their own (each is then looked up), `$12` its flow key. A child finds its ask by
 /// `width_bucket` over `$11` (a binary search of a short array; indexing an
 /// array of one text per child walked it from the start for every child).
 pub static LANE_CLAIM: &str = "WITH fresh AS ( \
@@ -82,11 +89,12 @@ pub static LANE_CLAIM: &str = "WITH fresh AS ( \
          FROM picked k JOIN child c ON c.parent_id = $1 AND c.sequence = k.sequence \
          WHERE (SELECT count(*) FROM taken) >= 0), \
      lease AS ( \
-         INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi) \
+         INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi, \
+             queue, flow_key) \
          SELECT claim_id, $1, \
              CASE WHEN count(*) = max(sequence) - min(sequence) + 1 THEN NULL \
                   ELSE array_agg(sequence ORDER BY sequence) END, \
-             max(lease_expires_at), now(), max(worker), count(*), min(sequence), max(sequence) \
+             max(lease_expires_at), now(), max(worker), count(*), min(sequence), max(sequence), $8, $12 \
          FROM leased GROUP BY claim_id \
          ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
              sequences = coalesce(claim_lease.sequences, \
@@ -112,9 +120,10 @@ pub static LANE_CLAIM: &str = "WITH fresh AS ( \
                    WHERE $10 AND t.parent_id = $1 AND t.sequence = leased.sequence), $9::text) AS traceparent \
      FROM leased";
 
-/// The claimable lanes of a queue in serving order (`store::claims::QUEUE_LANES`
-/// as Postgres runs it).
-pub static QUEUE_LANES: LazyLock<&'static str> = LazyLock::new(|| crate::store::claims::QUEUE_LANES.of(&POSTGRES));
+/// The claimable lanes of a queue in serving order, each way a queue may
+/// order them (`store::claims::QUEUE_LANES` as Postgres runs it).
+pub static QUEUE_LANES: LazyLock<[&'static str; 4]> =
+    LazyLock::new(|| std::array::from_fn(|i| crate::store::claims::QUEUE_LANES.of(&POSTGRES, i)));
 
 impl PgStore {
     /// The children this claim leased, by parent in id order (some may have
@@ -141,7 +150,8 @@ static RELEASE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
          SELECT {listed} AS sequences, worker FROM claim_lease l WHERE claim_id = $4 AND parent_id = $3), \
      released AS ( \
          UPDATE child c SET \
-             available_at = CASE WHEN $5 > 0 THEN now() + make_interval(secs => $5) ELSE now() END, \
+             available_at = now() + make_interval(secs => CASE WHEN $5 > 0 THEN $5 \
+                 ELSE (SELECT {backoff} FROM parent p WHERE p.parent_id = $3) END), \
              previous_attempt = 'released', attempts = c.attempts + 1, previous_claim_id = c.claim_id, \
              claim_id = $4, claimed_by = (SELECT worker FROM lease), lease_expires_at = NULL, changed_at = now() \
          FROM unnest($1::text[], $2::bigint[]) AS u(parent_id, sequence) \
@@ -161,14 +171,26 @@ static RELEASE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
              unclaimed = unclaimed + (SELECT count(*) FROM released) \
          WHERE parent_id = $3 AND EXISTS (SELECT 1 FROM released)) \
      SELECT count(*) FROM released",
-        listed = super::listed("l")
+        listed = super::listed("l"),
+        backoff = sql::backoff_seconds(RANDOM, "p", "c.attempts + 1")
     )
 });
+
+/// Postgres' random fraction in [0, 1).
+const RANDOM: &str = "random()";
 
 /// Locks the lanes of the parents whose children claim `$1` leased, in id
 /// order (the order a release takes them in).
 const TAKE_CLAIM_LANES: &str = "SELECT parent_id FROM lane \
     WHERE parent_id IN (SELECT parent_id FROM claim_lease WHERE claim_id = $1) ORDER BY parent_id FOR UPDATE";
+
+/// What a lane claim's transaction came to.
+enum Taken {
+    /// Nothing: a limit (which one) or a `not_before` (when to come back) held it back, or the lane had nothing.
+    HeldBack(Option<HeldBy>, Option<DateTime<Utc>>),
+    /// The claim statement's rows, for the asks as admitted.
+    Rows(Vec<sqlx::postgres::PgRow>, Vec<LaneAsk>, Option<HeldBy>),
+}
 
 #[async_trait]
 impl Claims for PgStore {
@@ -187,56 +209,90 @@ impl Claims for PgStore {
             LaneTurn::Wait => TAKE_LANE.as_str(),
             LaneTurn::Skip => TAKE_LANE_SKIP.as_str(),
         };
-        let total: i64 = asks.iter().map(|a| a.limit).sum();
-        let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
-        let workers: Vec<Option<&str>> = asks.iter().map(|a| a.worker.as_deref()).collect();
-        let leases: Vec<f64> = asks.iter().map(|a| a.lease_seconds as f64).collect();
-        let firsts: Vec<i64> = asks
-            .iter()
-            .scan(1, |next, a| {
-                let first = *next;
-                *next += a.limit;
-                Some(first)
-            })
-            .collect();
-        let (claims, workers, leases, firsts) = (&claims, &workers, &leases, &firsts);
-        let rows = retry_transient(|| async move {
+        let want: i64 = asks.iter().map(|a| a.limit).sum();
+        let taken = retry_transient(|| async move {
             let mut tx = self.held_tx().await?;
-            type Lane = (String, Option<i64>, bool, Option<String>, bool);
+            type Lane = (
+                String,
+                Option<i64>,
+                bool,
+                Option<String>,
+                bool,
+                Option<String>,
+                Option<DateTime<Utc>>,
+                Option<bool>,
+            );
             let lane: Option<Lane> = sqlx::query_as(self.pool.sql(take))
                 .bind(parent_id.as_str())
                 .bind(queue)
                 .fetch_optional(&mut *tx)
                 .await?;
-            let Some((queue, floor, due, traceparent, children_traced)) = lane else {
+            let Some((queue, floor, due, traceparent, children_traced, flow_key, wait_until, flow_rows)) = lane else {
                 tx.commit().await?;
                 return Ok(None);
             };
+            if wait_until.is_some() {
+                tx.commit().await?;
+                return Ok(Some(Taken::HeldBack(None, wait_until)));
+            }
             if floor.is_none() && !due {
                 tx.commit().await?;
-                return Ok(Some(Vec::new()));
+                return Ok(Some(Taken::HeldBack(None, None)));
             }
+            let flow_key = flow_key.as_deref();
+            let admission = Admission::read(&mut tx, &queue, flow_key, flow_rows, want).await?;
+            let allowed = admission.allowed(want);
+            let held_by = admission.admitted.and_then(|a| a.held_by);
+            if allowed == 0 {
+                admission.spend(&mut tx, &queue, flow_key, 0).await?;
+                tx.commit().await?;
+                return Ok(Some(Taken::HeldBack(
+                    held_by,
+                    admission.admitted.and_then(|a| a.next_available_at),
+                )));
+            }
+            let asks = LaneClaim::admitted_asks(asks, allowed);
+            let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
+            let workers: Vec<Option<&str>> = asks.iter().map(|a| a.worker.as_deref()).collect();
+            let leases: Vec<f64> = asks.iter().map(|a| a.lease_seconds as f64).collect();
+            let firsts: Vec<i64> = asks
+                .iter()
+                .scan(1, |next, a| {
+                    let first = *next;
+                    *next += a.limit;
+                    Some(first)
+                })
+                .collect();
             let rows = sqlx::query(self.pool.sql(LANE_CLAIM))
                 .bind(parent_id.as_str())
-                .bind(total)
-                .bind(claims)
-                .bind(workers)
-                .bind(leases)
+                .bind(allowed)
+                .bind(&claims)
+                .bind(&workers)
+                .bind(&leases)
                 .bind(floor)
                 .bind(due)
-                .bind(queue)
+                .bind(&queue)
                 .bind(traceparent)
                 .bind(children_traced)
-                .bind(firsts)
+                .bind(&firsts)
+                .bind(flow_key)
                 .fetch_all(&mut *tx)
                 .await?;
+            admission.spend(&mut tx, &queue, flow_key, rows.len() as i64).await?;
             tx.commit().await?;
-            Ok(Some(rows))
+            Ok(Some(Taken::Rows(rows, asks, held_by)))
         })
         .await?;
-        match rows {
+        match taken {
             None => Ok(asks.iter().map(|_| LaneClaim::default()).collect()),
-            Some(rows) => Ok(LaneClaim::taken_from_rows(asks, &rows)?),
+            Some(Taken::HeldBack(held_by, next)) => Ok(LaneClaim::held_back(asks, held_by, next)),
+            Some(Taken::Rows(rows, admitted, held_by)) => {
+                let mut claims = LaneClaim::taken_from_rows(&admitted, &rows)?;
+                for claim in &mut claims {
+                    claim.held_by = held_by;
+                }
+                Ok(claims)
+            }
         }
     }
 
@@ -399,7 +455,8 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
              UPDATE child c SET \
                  state = CASE WHEN {exhausted} THEN 'failed' WHEN p.expired_lease = 'hold' THEN 'held' \
                               ELSE 'pending' END, \
-                 available_at = CASE WHEN {exhausted} OR p.expired_lease = 'hold' THEN NULL ELSE now() END, \
+                 available_at = CASE WHEN {exhausted} OR p.expired_lease = 'hold' THEN NULL \
+                     ELSE now() + make_interval(secs => {backoff}) END, \
                  reason = CASE WHEN {exhausted} THEN 'attempts exhausted' ELSE c.reason END, \
                  terminal_at = CASE WHEN {exhausted} THEN now() ELSE c.terminal_at END, \
                  attempts = c.attempts + 1, previous_claim_id = c.claim_id, claim_id = g.claim_id, \
@@ -425,6 +482,7 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
          SELECT NULL, count(*) FROM moved \
          UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
         bump = BUMP_PARENTS.as_str(),
-        listed = super::listed("l")
+        listed = super::listed("l"),
+        backoff = sql::backoff_seconds(RANDOM, "p", "c.attempts + 1")
     )
 });

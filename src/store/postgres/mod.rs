@@ -38,6 +38,7 @@ static POSTGRES: Dialect = Dialect {
     greatest: "greatest",
     later: |p| format!("(now() + make_interval(secs => {p}))"),
     ago: |p| format!("(now() - make_interval(secs => {p}))"),
+    as_time: |p| format!("CAST({p} AS timestamptz)"),
     json: |p| format!("{p}::json"),
     json_push: |column, p| format!("{column} || jsonb_build_array({p}::jsonb)"),
     json_length: |column| format!("jsonb_array_length({column})"),
@@ -210,7 +211,10 @@ impl PgStore {
         self.pool
             .wrap_hot_statements(&[
                 claims::LANE_CLAIM,
-                *claims::QUEUE_LANES,
+                claims::QUEUE_LANES[0],
+                claims::QUEUE_LANES[1],
+                claims::QUEUE_LANES[2],
+                claims::QUEUE_LANES[3],
                 outcomes::APPLY_OUTCOMES.as_str(),
             ])
             .await

@@ -45,7 +45,7 @@ const SETTLED_STATES: &str = "('processed', 'failed', 'skipped', 'held')";
 /// A child row's own columns, as `rows::child` reads them, for a child no
 /// lease holds (terminal, held, pending).
 const ROW_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c.attempts, c.claim_id, \
-    c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.reason, c.result, \
+    c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, \
     c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count";
 
 /// Whether the child row `c` (pending, no `available_at`) is one a lease
@@ -151,7 +151,7 @@ fn leased(d: &Dialect, start: Start, one_parent: bool, kept: bool) -> String {
     format!(
         "SELECT x.parent_id, x.sequence, c.key, 'in_flight' AS state, c.payload, c.attempts + 1 AS attempts, \
              x.claim_id, x.worker AS claimed_by, x.expires_at AS lease_expires_at, c.previous_attempt, \
-             c.available_at, c.reason, c.result, c.outcome_attempt, c.terminal_at, x.claimed_at AS changed_at, \
+             c.available_at, c.not_before, c.reason, c.result, c.outcome_attempt, c.terminal_at, x.claimed_at AS changed_at, \
              c.conflicts, c.conflict_count, x.hit, c.parent_id IS NOT NULL AS held \
          FROM (SELECT h.claimed_at, h.parent_id, ls.value AS sequence, h.claim_id, h.worker, h.expires_at, \
                    {hit} AS hit \

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::outcomes::{Counted, bump_parents};
 use super::{NOW, SqliteStore, SqliteTx, now_by};
 use crate::ledger::{ClaimScope, ParentId, QueueName};
+use crate::store::admission::Admission;
 use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
 use crate::store::reports::{LaneAsk, LaneClaim};
 use crate::store::{StoreResult, sql};
@@ -44,17 +45,22 @@ fn note_due<'a>(due: &mut BTreeMap<&'a str, String>, parent_id: &'a str, at: &st
     }
 }
 
+/// SQLite's random fraction in [0, 1).
+const RANDOM: &str = "((random() & 1048575) / 1048576.0)";
+
 static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(NOW));
 
 /// Records the lease of claim `?1` on parent `?2`: the children `?3` (a
 /// JSON array; `?6` of them, `?7` the lowest, `?8` the highest), until `?4`
-/// (a clock modifier) from now, by worker `?5`; a second claim of the same
+/// (a clock modifier) from now, by worker `?5`, in queue `?9` under flow
+/// key `?10`; a second claim of the same
 /// claim id on the lane (a top-up) adds its children. The children it hands
 /// out were told an expiry read a moment before, never a later one.
 static LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi) \
-         VALUES (?1, ?2, ?3, {expires}, {NOW}, ?5, ?6, ?7, ?8) \
+        "INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi, \
+             queue, flow_key) \
+         VALUES (?1, ?2, ?3, {expires}, {NOW}, ?5, ?6, ?7, ?8, ?9, ?10) \
          ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
              sequences = (SELECT json_group_array(value) FROM ( \
                  SELECT value FROM json_each(claim_lease.sequences) \
@@ -166,7 +172,7 @@ impl Claims for SqliteStore {
     async fn release(&self, release: Release<'_>) -> StoreResult<Vec<(ParentId, u64)>> {
         static RELEASE: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "UPDATE child SET available_at = CASE WHEN ?3 > 0 THEN {later} ELSE {NOW} END, \
+                "UPDATE child SET available_at = CASE WHEN ?3 > 0 THEN {later} ELSE {backoff} END, \
                      previous_attempt = 'released', attempts = attempts + 1, previous_claim_id = claim_id, \
                      claim_id = ?1, lease_expires_at = NULL, changed_at = {NOW}, \
                      claimed_by = (SELECT l.worker FROM claim_lease l \
@@ -175,7 +181,11 @@ impl Claims for SqliteStore {
                    AND (parent_id, sequence) IN ({LEASED}) \
                    AND (?2 OR (parent_id, sequence) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?4))) \
                  RETURNING parent_id, sequence, available_at",
-                later = now_by("'+' || ?3 || ' seconds'")
+                later = now_by("'+' || ?3 || ' seconds'"),
+                backoff = now_by(&format!(
+                    "'+' || (SELECT round({}, 3) FROM parent p WHERE p.parent_id = child.parent_id) || ' seconds'",
+                    sql::backoff_seconds(RANDOM, "p", "attempts + 1")
+                ))
             )
         });
         let Release {
@@ -295,7 +305,7 @@ impl Claims for SqliteStore {
             "UPDATE child AS c SET \
                  state = CASE WHEN {exhausted} THEN 'failed' WHEN p.expired_lease = 'hold' THEN 'held' \
                               ELSE 'pending' END, \
-                 available_at = CASE WHEN {exhausted} OR p.expired_lease = 'hold' THEN NULL ELSE {now} END, \
+                 available_at = CASE WHEN {exhausted} OR p.expired_lease = 'hold' THEN NULL ELSE {backoff} END, \
                  reason = CASE WHEN {exhausted} THEN 'attempts exhausted' ELSE c.reason END, \
                  terminal_at = CASE WHEN {exhausted} THEN {now} ELSE c.terminal_at END, \
                  attempts = c.attempts + 1, previous_claim_id = c.claim_id, claim_id = e.claim_id, \
@@ -308,7 +318,11 @@ impl Claims for SqliteStore {
              WHERE c.parent_id = e.parent_id AND c.sequence = e.sequence AND p.parent_id = c.parent_id \
                AND c.state = 'pending' AND c.available_at IS NULL \
              RETURNING parent_id, state, available_at",
-            now = NOW
+            now = NOW,
+            backoff = now_by(&format!(
+                "'+' || round({}, 3) || ' seconds'",
+                sql::backoff_seconds(RANDOM, "p", "c.attempts + 1")
+            ))
         )))
         .bind(serde_json::to_string(&leases).unwrap_or_else(|_| "[]".to_owned()))
         .fetch_all(&mut *tx)
@@ -352,8 +366,10 @@ impl SqliteStore {
     ) -> StoreResult<LaneClaim> {
         static LANE: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "SELECT queue, floor, coalesce(ready_at <= {NOW}, 0), traceparent, children_traced FROM lane \
-                 WHERE parent_id = ?1 \
+                "SELECT queue, floor, coalesce(ready_at <= {NOW}, 0), traceparent, children_traced, flow_key, \
+                     CASE WHEN not_before > {NOW} THEN not_before END, \
+                     (SELECT f.limited FROM flow_limit f WHERE f.queue = lane.queue AND f.flow_key = '') \
+                 FROM lane WHERE parent_id = ?1 \
                  AND (?2 IS NULL OR queue = ?2) \
                  AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
             )
@@ -366,21 +382,41 @@ impl SqliteStore {
                      ELSE ready_at END \
                  WHERE parent_id = ?1";
         let mut tx = self.held_tx().await?;
-        type Lane = (String, Option<i64>, bool, Option<String>, bool);
+        type Lane = (
+            String,
+            Option<i64>,
+            bool,
+            Option<String>,
+            bool,
+            Option<String>,
+            Option<DateTime<Utc>>,
+            Option<bool>,
+        );
         let lane: Option<Lane> = sqlx::query_as(LANE.as_str())
             .bind(parent_id.as_str())
             .bind(queue.map(QueueName::as_str))
             .fetch_optional(&mut *tx)
             .await?;
-        let Some((queue, floor, due, traceparent, children_traced)) = lane else {
+        let Some((queue, floor, due, traceparent, children_traced, flow_key, wait_until, flow_rows)) = lane else {
             return Ok(LaneClaim::default());
         };
-        if floor.is_none() && !due {
-            return Ok(LaneClaim {
-                taken: true,
-                ..LaneClaim::default()
-            });
+        if wait_until.is_some() || (floor.is_none() && !due) {
+            return Ok(LaneClaim::held_back(std::slice::from_ref(ask), None, wait_until).remove(0));
         }
+        let flow_key = flow_key.as_deref();
+        let admission = Admission::read(&mut tx, &queue, flow_key, flow_rows, ask.limit).await?;
+        let held_by = admission.admitted.and_then(|a| a.held_by);
+        let allowed = admission.allowed(ask.limit);
+        if allowed == 0 {
+            admission.spend(&mut tx, &queue, flow_key, 0).await?;
+            tx.commit().await?;
+            let next = admission.admitted.and_then(|a| a.next_available_at);
+            return Ok(LaneClaim::held_back(std::slice::from_ref(ask), held_by, next).remove(0));
+        }
+        let ask = &LaneAsk {
+            limit: allowed,
+            ..ask.clone()
+        };
         let lease = format!("+{} seconds", ask.lease_seconds);
         let claim = ask.claim_id.to_string();
         let read = |sql: &'static str| {
@@ -453,9 +489,12 @@ impl SqliteStore {
                 .bind(taken.len() as i64)
                 .bind(lo)
                 .bind(hi)
+                .bind(&queue)
+                .bind(flow_key)
                 .execute(&mut *tx)
                 .await?;
         }
+        admission.spend(&mut tx, &queue, flow_key, taken.len() as i64).await?;
         sqlx::query(MOVE_LANE)
             .bind(parent_id.as_str())
             .bind(next_floor)
@@ -464,6 +503,8 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(LaneClaim::taken_from_rows(std::slice::from_ref(ask), picked)?.remove(0))
+        let mut claim = LaneClaim::taken_from_rows(std::slice::from_ref(ask), picked)?.remove(0);
+        claim.held_by = held_by;
+        Ok(claim)
     }
 }

@@ -51,6 +51,7 @@ static SQLITE: Dialect = Dialect {
     greatest: "max",
     later: |p| now_by(&format!("'+' || {p} || ' seconds'")),
     ago: |p| now_by(&format!("'-' || {p} || ' seconds'")),
+    as_time: |p| p.to_owned(),
     json: |p| p.to_owned(),
     json_push: |column, p| format!("json_insert({column}, '$[#]', json({p}))"),
     json_length: |column| format!("json_array_length({column})"),

@@ -1,0 +1,422 @@
+//! Claim admission as the store runs it: inside a lane claim's transaction,
+//! after its lane's turn, the limits of the lane's queue and flow key are
+//! read and what is in flight under them is counted; the claim takes what
+//! `ledger::admission::admit` allows, then spends the buckets and stamps its
+//! key served.
+//!
+//! Exact across replicas: a claim in a limited queue locks the queue's
+//! `flow_limit` row first (SQLite's writes take turns already), so the count
+//! it reads next sees every claim that came before it, committed. What is in
+//! flight is the sum of `claim_lease.open` over leases that have not run
+//! out: an outcome, a release or an expiry frees a slot without a write here.
+
+use chrono::{DateTime, Utc};
+
+use super::backend::Row;
+use super::backend::Transaction;
+use super::statement::{Sql, Statement};
+use super::{Store, StoreResult};
+use crate::ledger::admission::{Admitted, ClaimOrder, FlowLimits, Gate, KeyLimits, QueueLimits, admit};
+use crate::ledger::{QueueName, Work};
+
+/// Takes a limited queue's turn: locks its row.
+static LOCK_QUEUE: Sql = Sql::new(|d| {
+    format!(
+        "SELECT 1 FROM flow_limit WHERE queue = $1 AND flow_key = ''{}",
+        d.for_update
+    )
+});
+
+/// The limits of queue `$1` and of its key `$2` (its own when it overrides
+/// them, else the queue's per-key ones), their buckets, and what is in
+/// flight under each now.
+static GATES: Sql = Sql::new(|d| {
+    let live = format!("l.queue = $1 AND l.expires_at > {}", d.now);
+    format!(
+        "SELECT q.max_in_flight, q.per_second, q.burst, q.tokens, q.refilled_at, \
+             CASE WHEN k.overridden THEN k.max_in_flight ELSE q.key_max_in_flight END AS key_max_in_flight, \
+             CASE WHEN k.overridden THEN k.per_second ELSE q.key_per_second END AS key_per_second, \
+             CASE WHEN k.overridden THEN k.burst ELSE q.key_burst END AS key_burst, \
+             k.tokens AS key_tokens, k.refilled_at AS key_refilled_at, \
+             (SELECT coalesce(sum(l.open), 0) FROM claim_lease l WHERE {live}) AS queue_in_flight, \
+             (SELECT min(l.expires_at) FROM claim_lease l WHERE {live}) AS queue_expiry, \
+             (SELECT coalesce(sum(l.open), 0) FROM claim_lease l WHERE {live} AND l.flow_key = $2) AS key_in_flight, \
+             (SELECT min(l.expires_at) FROM claim_lease l WHERE {live} AND l.flow_key = $2) AS key_expiry, \
+             {now} AS now \
+         FROM flow_limit q LEFT JOIN flow_limit k ON k.queue = q.queue AND k.flow_key = $2 \
+         WHERE q.queue = $1 AND q.flow_key = ''",
+        now = d.now
+    )
+});
+
+/// Writes bucket `$3` (refilled at `$4`; NULL: as it is) of queue `$1`'s
+/// row `$2` ('' for the queue's own), and when `$5` stamps it served after
+/// every other row of the queue: keys take turns (the queue's own row
+/// stands for its parents without a key).
+const SPEND: &str = "UPDATE flow_limit SET tokens = coalesce($3, tokens), \
+    refilled_at = CASE WHEN $3 IS NULL THEN refilled_at ELSE $4 END, \
+    served = CASE WHEN $5 THEN (SELECT coalesce(max(f.served), 0) + 1 FROM flow_limit f WHERE f.queue = $1) \
+        ELSE served END \
+    WHERE queue = $1 AND flow_key = $2";
+
+/// A lane's place under its queue's limits: read by `Admission::read`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Admission {
+    pub admitted: Option<Admitted>,
+    queue: Option<Gate>,
+    key: Option<Gate>,
+    now: Option<DateTime<Utc>>,
+    /// The queue has `flow_limit` rows: its keys take turns.
+    flow_rows: bool,
+}
+
+impl Admission {
+    /// How many of `want` children a claim on a lane of `queue` (with
+    /// `flow_key`) may take. `flow_rows` is what its lane's read said of the
+    /// queue's own `flow_limit` row: none (`None`), or whether the queue has
+    /// limits. Locks the queue's turn when it has.
+    pub async fn read(
+        tx: &mut dyn Transaction,
+        queue: &str,
+        flow_key: Option<&str>,
+        flow_rows: Option<bool>,
+        want: i64,
+    ) -> StoreResult<Self> {
+        if flow_rows != Some(true) {
+            return Ok(Self {
+                flow_rows: flow_rows.is_some(),
+                ..Self::default()
+            });
+        }
+        let d = tx.dialect();
+        tx.execute(Statement::new(LOCK_QUEUE.of(d)).text(queue)).await?;
+        let rows = tx
+            .fetch(Statement::new(GATES.of(d)).text(queue).text(flow_key.unwrap_or("")))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(Self {
+                flow_rows: true,
+                ..Self::default()
+            });
+        };
+        let limits = |prefix: &str| -> Result<FlowLimits, sqlx::Error> {
+            Ok(FlowLimits {
+                max_in_flight: row.opt_int32(&format!("{prefix}max_in_flight"))?.map(i64::from),
+                per_second: row.opt_float(&format!("{prefix}per_second"))?,
+                burst: row.opt_float(&format!("{prefix}burst"))?,
+            })
+        };
+        let queue_gate = Gate {
+            limits: limits("")?,
+            in_flight: row.int("queue_in_flight")?,
+            earliest_expiry: row.opt_time("queue_expiry")?,
+            tokens: row.opt_float("tokens")?,
+            refilled_at: row.opt_time("refilled_at")?,
+        };
+        let key_gate = Gate {
+            limits: limits("key_")?,
+            in_flight: row.int("key_in_flight")?,
+            earliest_expiry: row.opt_time("key_expiry")?,
+            tokens: row.opt_float("key_tokens")?,
+            refilled_at: row.opt_time("key_refilled_at")?,
+        };
+        let now = row.time("now")?;
+        let queue_gate = queue_gate.limits.any().then_some(queue_gate);
+        let key_gate = flow_key.and(key_gate.limits.any().then_some(key_gate));
+        Ok(Self {
+            admitted: Some(admit(want, queue_gate.as_ref(), key_gate.as_ref(), now)),
+            queue: queue_gate,
+            key: key_gate,
+            now: Some(now),
+            flow_rows: true,
+        })
+    }
+
+    /// How many children the claim may take.
+    pub fn allowed(&self, want: i64) -> i64 {
+        self.admitted.map_or(want, |a| a.allowed)
+    }
+
+    /// After the claim took `taken` children: spends the buckets, and stamps
+    /// the lane's key (or, for a lane without one, its queue's own row) served.
+    pub async fn spend(
+        &self,
+        tx: &mut dyn Transaction,
+        queue: &str,
+        flow_key: Option<&str>,
+        taken: i64,
+    ) -> StoreResult<()> {
+        let spent = |gate: &Option<Gate>| match (gate, self.now) {
+            (Some(gate), Some(now)) if taken > 0 => gate.spent(taken, now),
+            _ => None,
+        };
+        let queue_tokens = spent(&self.queue);
+        let keyless = self.flow_rows && flow_key.is_none();
+        if queue_tokens.is_some() || keyless {
+            tx.execute(
+                Statement::new(SPEND)
+                    .text(queue)
+                    .text("")
+                    .float(queue_tokens)
+                    .time(self.now)
+                    .bool(keyless),
+            )
+            .await?;
+        }
+        if let Some(key) = flow_key {
+            tx.execute(
+                Statement::new(SPEND)
+                    .text(queue)
+                    .text(key)
+                    .float(spent(&self.key))
+                    .time(self.now)
+                    .bool(true),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Queue `$1`'s own row, with the database clock.
+static QUEUE_ROW: Sql = Sql::new(|d| {
+    format!(
+        "SELECT max_in_flight, per_second, burst, key_max_in_flight, key_per_second, key_burst, tokens, refilled_at, \
+             (SELECT coalesce(sum(l.open), 0) FROM claim_lease l WHERE l.queue = $1 AND l.expires_at > {now}) \
+                 AS in_flight, \
+             {now} AS now \
+         FROM flow_limit WHERE queue = $1 AND flow_key = ''",
+        now = d.now
+    )
+});
+
+/// Queue `$1`'s keys with children in flight or limits of their own (key
+/// `$2` alone when given), most in flight first, 100 at most.
+static KEY_ROWS: Sql = Sql::new(|d| {
+    format!(
+        "SELECT k.flow_key, k.overridden, k.max_in_flight, k.per_second, k.burst, k.tokens, k.refilled_at, \
+             coalesce(u.in_flight, 0) AS in_flight \
+         FROM flow_limit k LEFT JOIN ( \
+             SELECT l.flow_key, sum(l.open) AS in_flight FROM claim_lease l \
+             WHERE l.queue = $1 AND l.expires_at > {now} AND l.flow_key IS NOT NULL GROUP BY l.flow_key) u \
+             ON u.flow_key = k.flow_key \
+         WHERE k.queue = $1 AND k.flow_key <> '' \
+           AND CASE WHEN $2 = '' THEN k.overridden OR u.in_flight > 0 ELSE k.flow_key = $2 END \
+         ORDER BY coalesce(u.in_flight, 0) DESC, k.flow_key LIMIT 100",
+        now = d.now
+    )
+});
+
+/// Sets queue `$1`'s own limits (`$2`-`$4`) and its keys' (`$5`-`$7`).
+const SET_QUEUE: &str = "INSERT INTO flow_limit (queue, flow_key, max_in_flight, per_second, burst, \
+        key_max_in_flight, key_per_second, key_burst) VALUES ($1, '', $2, $3, $4, $5, $6, $7) \
+    ON CONFLICT (queue, flow_key) DO UPDATE SET max_in_flight = excluded.max_in_flight, \
+        per_second = excluded.per_second, burst = excluded.burst, key_max_in_flight = excluded.key_max_in_flight, \
+        key_per_second = excluded.key_per_second, key_burst = excluded.key_burst";
+
+/// The queue's own row, as it is when it has none yet.
+const QUEUE_ROW_EXISTS: &str = "INSERT INTO flow_limit (queue, flow_key) VALUES ($1, '') \
+    ON CONFLICT (queue, flow_key) DO NOTHING";
+
+/// Gives key `$2` of queue `$1` limits of its own (`$3`-`$5`; `$6` false:
+/// none, it follows the queue's `per_key` again).
+const SET_KEY: &str = "INSERT INTO flow_limit (queue, flow_key, max_in_flight, per_second, burst, overridden) \
+    VALUES ($1, $2, $3, $4, $5, $6) \
+    ON CONFLICT (queue, flow_key) DO UPDATE SET max_in_flight = excluded.max_in_flight, \
+        per_second = excluded.per_second, burst = excluded.burst, overridden = excluded.overridden";
+
+/// Whether queue `$1` has any limit: what its claims' lanes read to know
+/// whether to take the queue's turn.
+const MARK_LIMITED: &str = "UPDATE flow_limit SET limited = ( \
+        max_in_flight IS NOT NULL OR per_second IS NOT NULL \
+        OR key_max_in_flight IS NOT NULL OR key_per_second IS NOT NULL \
+        OR EXISTS (SELECT 1 FROM flow_limit k WHERE k.queue = $1 AND k.flow_key <> '' AND k.overridden \
+                   AND (k.max_in_flight IS NOT NULL OR k.per_second IS NOT NULL))) \
+    WHERE queue = $1 AND flow_key = ''";
+
+/// Queue `$1`'s order.
+const ORDER: &str = "SELECT claim_order FROM queue_setting WHERE queue = $1";
+
+/// Sets queue `$1`'s order.
+const SET_ORDER: &str = "INSERT INTO queue_setting (queue, claim_order) VALUES ($1, $2) \
+    ON CONFLICT (queue) DO UPDATE SET claim_order = excluded.claim_order";
+
+/// The limits columns of a row, those of `prefix` (`""` or `"key_"`).
+fn limits_of(row: &Row, prefix: &str) -> Result<FlowLimits, sqlx::Error> {
+    Ok(FlowLimits {
+        max_in_flight: row.opt_int32(&format!("{prefix}max_in_flight"))?.map(i64::from),
+        per_second: row.opt_float(&format!("{prefix}per_second"))?,
+        burst: row.opt_float(&format!("{prefix}burst"))?,
+    })
+}
+
+impl Store {
+    /// A queue's limits, what is in flight under them and its buckets now.
+    pub async fn queue_limits(&self, queue: &QueueName) -> StoreResult<QueueLimits> {
+        let row = self
+            .fetch_optional(Statement::new(self.sql(&QUEUE_ROW)).text(queue.as_str()))
+            .await?;
+        let Some(row) = row else {
+            return Ok(QueueLimits {
+                queue: queue.clone(),
+                limits: FlowLimits::default(),
+                per_key: FlowLimits::default(),
+                in_flight: self.in_flight(queue).await?,
+                tokens: None,
+                keys: Vec::new(),
+            });
+        };
+        let now = row.time("now")?;
+        let limits = limits_of(&row, "")?;
+        let per_key = limits_of(&row, "key_")?;
+        let gate = Gate {
+            limits,
+            tokens: row.opt_float("tokens")?,
+            refilled_at: row.opt_time("refilled_at")?,
+            ..Gate::default()
+        };
+        let keys = self.key_rows(queue, None, per_key, now).await?;
+        Ok(QueueLimits {
+            queue: queue.clone(),
+            limits,
+            per_key,
+            in_flight: row.int("in_flight")?,
+            tokens: gate.tokens_at(now),
+            keys,
+        })
+    }
+
+    /// Children of a queue with a live lease now.
+    async fn in_flight(&self, queue: &QueueName) -> StoreResult<i64> {
+        static IN_FLIGHT: Sql = Sql::new(|d| {
+            format!(
+                "SELECT coalesce(sum(open), 0) AS in_flight FROM claim_lease WHERE queue = $1 AND expires_at > {}",
+                d.now
+            )
+        });
+        let row = self
+            .fetch_optional(Statement::new(self.sql(&IN_FLIGHT)).text(queue.as_str()))
+            .await?;
+        Ok(row.map(|row| row.int("in_flight")).transpose()?.unwrap_or(0))
+    }
+
+    /// The keys `KEY_ROWS` reads, their limits those of `per_key` unless their own.
+    async fn key_rows(
+        &self,
+        queue: &QueueName,
+        key: Option<&str>,
+        per_key: FlowLimits,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Vec<KeyLimits>> {
+        let rows = self
+            .db
+            .fetch(
+                Statement::new(self.sql(&KEY_ROWS))
+                    .text(queue.as_str())
+                    .text(key.unwrap_or("")),
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let overridden = row.bool("overridden")?;
+                let limits = if overridden { limits_of(row, "")? } else { per_key };
+                let gate = Gate {
+                    limits,
+                    tokens: row.opt_float("tokens")?,
+                    refilled_at: row.opt_time("refilled_at")?,
+                    ..Gate::default()
+                };
+                Ok(KeyLimits {
+                    flow_key: row.text("flow_key")?,
+                    limits,
+                    overridden,
+                    in_flight: row.int("in_flight")?,
+                    tokens: gate.tokens_at(now),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    /// Sets a queue's own limits and its keys' (every replica's next claim honours them).
+    pub async fn set_queue_limits(
+        &self,
+        queue: &QueueName,
+        limits: FlowLimits,
+        per_key: FlowLimits,
+    ) -> StoreResult<()> {
+        let mut tx = self.db.begin().await?;
+        tx.execute(
+            Statement::new(SET_QUEUE)
+                .text(queue.as_str())
+                .int32(limits.max_in_flight.map(|n| n as i32))
+                .float(limits.per_second)
+                .float(limits.burst)
+                .int32(per_key.max_in_flight.map(|n| n as i32))
+                .float(per_key.per_second)
+                .float(per_key.burst),
+        )
+        .await?;
+        tx.execute(Statement::new(MARK_LIMITED).text(queue.as_str())).await?;
+        tx.commit().await?;
+        self.signal_work(Work::in_queue(queue.clone(), 1));
+        Ok(())
+    }
+
+    /// One key's limits: its own (`Some`), or the queue's `per_key` again (`None`).
+    pub async fn set_key_limits(&self, queue: &QueueName, key: &str, limits: Option<FlowLimits>) -> StoreResult<()> {
+        let mut tx = self.db.begin().await?;
+        tx.execute(Statement::new(QUEUE_ROW_EXISTS).text(queue.as_str()))
+            .await?;
+        let own = limits.unwrap_or_default();
+        tx.execute(
+            Statement::new(SET_KEY)
+                .text(queue.as_str())
+                .text(key)
+                .int32(own.max_in_flight.map(|n| n as i32))
+                .float(own.per_second)
+                .float(own.burst)
+                .bool(limits.is_some()),
+        )
+        .await?;
+        tx.execute(Statement::new(MARK_LIMITED).text(queue.as_str())).await?;
+        tx.commit().await?;
+        self.signal_work(Work::in_queue(queue.clone(), 1));
+        Ok(())
+    }
+
+    /// One key's limits and what is used under them now.
+    pub async fn key_limits(&self, queue: &QueueName, key: &str) -> StoreResult<KeyLimits> {
+        let queue_limits = self.queue_limits(queue).await?;
+        let now = Utc::now();
+        let found = self.key_rows(queue, Some(key), queue_limits.per_key, now).await?;
+        Ok(found.into_iter().next().unwrap_or_else(|| KeyLimits {
+            flow_key: key.to_owned(),
+            limits: queue_limits.per_key,
+            overridden: false,
+            in_flight: 0,
+            tokens: Gate {
+                limits: queue_limits.per_key,
+                ..Gate::default()
+            }
+            .tokens_at(now),
+        }))
+    }
+
+    /// A queue's order of parents.
+    pub async fn claim_order(&self, queue: &QueueName) -> StoreResult<ClaimOrder> {
+        let row = self.fetch_optional(Statement::new(ORDER).text(queue.as_str())).await?;
+        Ok(match row.map(|row| row.text("claim_order")).transpose()?.as_deref() {
+            Some("oldest") => ClaimOrder::Oldest,
+            _ => ClaimOrder::Fair,
+        })
+    }
+
+    /// Sets a queue's order of parents.
+    pub async fn set_claim_order(&self, queue: &QueueName, order: ClaimOrder) -> StoreResult<()> {
+        self.db
+            .execute(Statement::new(SET_ORDER).text(queue.as_str()).text(order.as_str()))
+            .await?;
+        Ok(())
+    }
+}
