@@ -67,8 +67,14 @@ async fn memory_is_bounded_by_the_request(backend: Backend) {
     println!("peak RSS refusing one 60 MB registration: {one:.0} MiB (at start {baseline:.0} MiB)");
     assert!(one <= 300.0, "{one:.0} MiB");
 
-    let floods: Vec<_> = (0..4)
-        .map(|i| tokio::spawn(put_flood_owned(service.base.clone(), format!("amp{i}"))))
+    // The bodies are built before the clock starts: building 240 MB on the
+    // test's own runtime threads starved its /healthz probe on a 2-core
+    // machine (a failure of the test, not of the service).
+    let bodies: Vec<Vec<u8>> = (0..4).map(|_| flood_body(60)).collect();
+    let floods: Vec<_> = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| tokio::spawn(put_flood_owned(service.base.clone(), format!("amp{i}"), body)))
         .collect();
     // The service keeps answering meanwhile.
     let started = Instant::now();
@@ -101,8 +107,8 @@ async fn memory_is_bounded_by_the_request(backend: Backend) {
     );
 }
 
-async fn put_flood_owned(base: String, parent: String) -> StatusCode {
-    put_flood(&base, &parent, flood_body(60)).await.0
+async fn put_flood_owned(base: String, parent: String, body: Vec<u8>) -> StatusCode {
+    put_flood(&base, &parent, body).await.0
 }
 
 /// Sockets that send half a request head, or nothing, are closed within the

@@ -130,8 +130,8 @@ async fn without_a_direct_url_migrations_are_refused_and_long_polls_recheck() {
         db.count_raw("SELECT count(*) FROM pg_proc WHERE proname LIKE 'child\\_ledger\\_stmt\\_%'")
             .await
             .unwrap(),
-        3,
-        "the lane claim, queue lanes and outcome statements are wrapped once"
+        6,
+        "the lane claim, the queue lanes (each of a queue's four orders) and the outcome statement are wrapped once"
     );
     let said = a.log_text().matches("without --listen-database-url").count();
     assert_eq!(said, 1, "the missing LISTEN is said once at startup: {}", a.log_text());
