@@ -9,9 +9,9 @@ use utoipa::ToSchema;
 
 use super::ids::QueueName;
 
-/// Limits on one queue or one flow key; `null` (or absent) = no limit.
+/// Limits on one queue or one flow key; `null` = no limit. (Shown inside
+/// other objects: requests send `SetLimits`.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
 pub struct FlowLimits {
     /// Children with a live lease at most.
     #[schema(minimum = 0)]
