@@ -25,6 +25,9 @@ mod search;
 /// Event streams and trace export beside a burn-down (`--events-only`, and the full run).
 mod events;
 
+/// Claim admission: limits that never bind, a rate, caps across replicas (`--admission-only`, and the full run).
+mod admission;
+
 /// The tests' PgBouncer harness (transaction mode, a free port).
 #[allow(dead_code)]
 #[path = "../tests/common/pgbouncer.rs"]
@@ -46,6 +49,8 @@ struct Args {
     search_only: bool,
     /// Only the event streams and trace export (`events.*`, `otel.*`).
     events_only: bool,
+    /// Only claim admission (`admission.*`).
+    admission_only: bool,
     /// Another build's service binary, whose cost per child is measured
     /// beside this build's in the same run (`--baseline-bin PATH`).
     baseline_bin: Option<String>,
@@ -63,6 +68,7 @@ fn parse_args() -> Args {
         cost_only: false,
         search_only: false,
         events_only: false,
+        admission_only: false,
         baseline_bin: None,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
@@ -80,6 +86,7 @@ fn parse_args() -> Args {
             "--cost-only" => args.cost_only = true,
             "--search-only" => args.search_only = true,
             "--events-only" => args.events_only = true,
+            "--admission-only" => args.admission_only = true,
             "--baseline-bin" => args.baseline_bin = it.next(),
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
@@ -109,6 +116,8 @@ struct Sizes {
     big_parent: usize,
     /// Children of the parent a small one is registered behind (`fairness`).
     huge_parent: usize,
+    /// Claims of `admission.cap_violations`.
+    admission_claims: u64,
 }
 
 impl Sizes {
@@ -125,6 +134,7 @@ impl Sizes {
                 fresh: 20_000,
                 big_parent: 20_000,
                 huge_parent: 100_000,
+                admission_claims: 10_000,
             }
         } else {
             Self {
@@ -138,6 +148,7 @@ impl Sizes {
                 fresh: 200_000,
                 big_parent: 100_000,
                 huge_parent: 1_000_000,
+                admission_claims: 100_000,
             }
         }
     }
@@ -1446,6 +1457,9 @@ async fn main() {
     if args.events_only {
         return print_table(&events::events_scenarios(&args.admin_url, sizes.burn).await);
     }
+    if args.admission_only {
+        return print_table(&admission::admission_scenarios(&args.admin_url, sizes.burn, sizes.admission_claims).await);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1589,6 +1603,7 @@ async fn main() {
     scenarios.extend(cost_scenarios(&args, &sizes).await);
     scenarios.extend(search::search_scenarios(&args.admin_url, sizes.search).await);
     scenarios.extend(events::events_scenarios(&args.admin_url, sizes.burn).await);
+    scenarios.extend(admission::admission_scenarios(&args.admin_url, sizes.burn, sizes.admission_claims).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
     eprintln!("claim_latency_scale: 10k rows ...");

@@ -62,6 +62,8 @@ pub struct QueueGauge {
     pub held: i64,
     /// How long the oldest pending child has waited; `None` when none is pending.
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Its flow keys with children in flight, and how many (20 at most).
+    pub flow_keys: Vec<(String, i64)>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -78,6 +80,12 @@ struct StatusLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabel {
     queue: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlowKeyLabels {
+    queue: String,
+    flow_key: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -452,7 +460,15 @@ impl Metrics {
         shown.truncate(self.max_queues);
         let children = Family::<(QueueLabel, StateLabel), Gauge>::default();
         let oldest = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+        let keys = Family::<FlowKeyLabels, Gauge>::default();
         for gauge in shown {
+            for (flow_key, n) in &gauge.flow_keys {
+                let labels = FlowKeyLabels {
+                    queue: gauge.queue.clone(),
+                    flow_key: flow_key.clone(),
+                };
+                keys.get_or_create(&labels).set(*n);
+            }
             let label = QueueLabel {
                 queue: gauge.queue.clone(),
             };
@@ -476,6 +492,11 @@ impl Metrics {
             "child_ledger_queue_oldest_pending_age_seconds",
             "How long the oldest pending child of each queue has waited; absent while none is pending",
             oldest,
+        );
+        scrape.register(
+            "child_ledger_flow_key_in_flight",
+            "Children with a live lease per flow key of each queue (its 20 busiest keys), what per-key limits count",
+            keys,
         );
     }
 }

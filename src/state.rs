@@ -49,7 +49,9 @@ impl AppState {
         });
         let events = EventHub::new(store.clone(), Arc::clone(&metrics), limits.max_event_streams);
         let hub = Arc::downgrade(&events);
+        let freed = Arc::clone(&waiters);
         store.on_change(move |changes| {
+            freed.slots_may_have_freed();
             if let Some(hub) = hub.upgrade() {
                 hub.changed(changes);
             }

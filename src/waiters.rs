@@ -41,9 +41,27 @@ pub struct Waiters {
     queues: Mutex<HashMap<QueueName, VecDeque<Entry>>>,
     next_id: AtomicU64,
     woken_total: AtomicU64,
+    /// Rung when a slot under a queue's or a key's limits may have freed
+    /// (an outcome, a release, an expiry, new limits: anything that changes
+    /// what live views show, here or on another replica): the long polls
+    /// that limits held back look again.
+    slots: Notify,
 }
 
 impl Waiters {
+    /// What a long poll that limits held back waits on (see `slots`); made
+    /// before it claims, so a slot freed meanwhile is not missed.
+    pub fn slot_freed(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut freed = Box::pin(self.slots.notified());
+        freed.as_mut().enable();
+        freed
+    }
+
+    /// A slot may have freed: every long poll that limits held back looks again.
+    pub fn slots_may_have_freed(&self) {
+        self.slots.notify_waiters();
+    }
+
     /// Joins the line of `queue` for up to `wants` children (of `parent`
     /// only, when set). Leaving is dropping the returned `Waiting`.
     pub fn wait(self: &Arc<Self>, queue: &QueueName, parent: Option<&ParentId>, wants: u64) -> Waiting {

@@ -239,6 +239,19 @@ async fn a_key_at_its_cap_blocks_nobody_else(backend: Backend) {
         .collect();
     assert_eq!(keys, BTreeMap::from([("big", 5), ("small", 1)]), "{queue}");
     assert_eq!(queue["in_flight"], 6, "{queue}");
+    // The queue page and the metrics show each key's usage too.
+    let page = app.get("/v1/queues/keys").await.body;
+    assert_eq!(
+        page["flow_keys"],
+        json!([{"flow_key": "big", "in_flight": 5}, {"flow_key": "small", "in_flight": 1}]),
+        "{page}"
+    );
+    let metrics = app.get("/metrics").await.body;
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.contains("child_ledger_flow_key_in_flight{queue=\"keys\",flow_key=\"big\"} 5"),
+        "{metrics}"
+    );
     let r = app
         .request(Method::DELETE, "/v1/queues/keys/keys/big/limits", None)
         .await;
@@ -391,6 +404,49 @@ both_stores!(
     a_queue_may_serve_oldest_first,
     bad_admission_input_names_its_field,
 );
+
+/// A long poll on one replica that a cap holds back is answered when an
+/// outcome on another replica frees a slot: well before the lease it waits
+/// behind runs out, and before its own recheck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_poll_wakes_when_another_replica_frees_a_slot() {
+    if !postgres_available().await {
+        return;
+    }
+    let app = spawn_app(Backend::Postgres).await;
+    let other = app.replica().await;
+    app.put("/v1/queues/lp2/limits", json!({"max_in_flight": 1})).await;
+    register(&app, "L2", json!({"queue": "lp2", "children": children(3)})).await;
+    let first = claim(&app, "/v1/queues/lp2/claims", 5).await;
+    assert_eq!(taken(&first).len(), 1);
+    let poll = {
+        let (base, client) = (other.base.clone(), other.client.clone());
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let body: Value = client
+                .post(format!("{base}/v1/queues/lp2/claims"))
+                .json(&json!({"limit": 5, "wait_seconds": 15}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (body, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let recorded = tokio::time::Instant::now();
+    outcome(&app, "L2", 0, first["claim_id"].as_str().unwrap()).await;
+    let (body, waited) = poll.await.unwrap();
+    assert_eq!(taken(&body).len(), 1, "{body}");
+    let after = waited.saturating_sub(Duration::from_millis(2500));
+    println!("answered {after:?} after the outcome on the other replica");
+    assert!(
+        recorded.elapsed() < Duration::from_millis(1000),
+        "answered {after:?} after the outcome"
+    );
+}
 
 /// Eight claimers on two replicas never hold more of a key than its cap,
 /// sampled from the database between claims.

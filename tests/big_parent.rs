@@ -22,7 +22,7 @@ async fn claim_args(conn: &mut sqlx::PgConnection) -> String {
         .unwrap();
     format!(
         "ARRAY[gen_random_uuid()], ARRAY['explain'::text], ARRAY[300::float8], {floor}, false, 'bulk', NULL, false, \
-         ARRAY[1]::bigint[], NULL"
+         ARRAY[1]::bigint[], NULL, NULL"
     )
 }
 
@@ -58,7 +58,7 @@ async fn hundred_thousand_children(backend: Backend) {
         // statement is written to make the same plan, one index per part.
         let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[], bigint, boolean, text, text, boolean, bigint[], text) AS {}",
+            "PREPARE lane_claim (text, bigint, uuid[], text[], float8[], bigint, boolean, text, text, boolean, bigint[], text, timestamptz) AS {}",
             child_ledger::store::POSTGRES_LANE_CLAIM
         )))
         .execute(&mut conn)

@@ -118,9 +118,9 @@ impl Drop for WaitingClaim {
     }
 }
 
-/// How often a long poll that limits hold back looks again at most (a slot
-/// frees when an outcome is recorded, a lease is released or runs out).
-const LIMITED_RECHECK: Duration = Duration::from_millis(100);
+/// How long a long poll that limits held back waits, once a slot may have
+/// freed, before it looks: the outcomes of one moment make one look.
+const SLOT_SETTLE: Duration = Duration::from_millis(5);
 
 /// Claims now, or as soon as work turns up within `wait`.
 async fn claim(
@@ -136,6 +136,8 @@ async fn claim(
     // Once it waits: its count among the waiting claims, and its place in line.
     let mut waiting: Option<(WaitingClaim, Waiting)> = None;
     loop {
+        // Only a long poll waits for a slot.
+        let slot_freed = (!wait.is_zero()).then(|| state.waiters.slot_freed());
         let claimed = state.store.claim(&request).await?;
         let now = tokio::time::Instant::now();
         // Shutting down, a waiting claim answers (empty) at once: it holds no
@@ -169,14 +171,26 @@ async fn claim(
         // reconnecting), a waiting claim still looks again on its own, and
         // keeps its place in line meanwhile.
         let mut recheck = Duration::from_millis(state.limits.wait_recheck_ms);
+        let held_back = claimed.claim.next_available_at.is_some();
         if let Some(at) = claimed.claim.next_available_at {
-            // Held back by limits: look again when a token comes or a lease
-            // runs out, and meanwhile often, as outcomes free slots.
+            // Held back by limits (or a `not_before`): look again when a
+            // token comes or a lease runs out, or as soon as a slot may have
+            // freed (`slot_freed`), here or on another replica.
             let until = (at - chrono::Utc::now()).to_std().unwrap_or_default();
-            recheck = recheck.min(until.max(Duration::from_millis(5))).min(LIMITED_RECHECK);
+            recheck = recheck.min(until.max(Duration::from_millis(5)));
         }
+        let limited = async {
+            if let (true, Some(slot_freed)) = (held_back, slot_freed) {
+                slot_freed.await;
+                // Gathers the frees of one moment into one look.
+                tokio::time::sleep(SLOT_SETTLE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         let woken = tokio::select! {
             woken = tokio::time::timeout((deadline - now).min(recheck), place.woken()) => woken.is_ok(),
+            _ = limited => false,
             _ = shutdown.wait_for(|stopping| *stopping) => false,
         };
         if woken {

@@ -79,7 +79,7 @@ function drawQueues(queues) {
     return el(
       "tr",
       { className: view.filters.queue === q.queue ? "selected" : "", dataset: { queue: q.queue } },
-      el("td", null, name, q.paused ? badge("paused") : null),
+      el("td", null, name, q.paused ? badge("paused") : null, flowKeys(q.flow_keys)),
       el("td", null, progress(children, children.total || 0)),
       num(children.pending),
       num(children.in_flight),
@@ -92,6 +92,14 @@ function drawQueues(queues) {
   });
   $("queues-table").tBodies[0].replaceChildren(...rows);
   rememberQueueNames(queues.map((q) => q.queue));
+}
+
+// A queue's flow keys in flight (what per-key limits count), busiest first.
+function flowKeys(keys) {
+  if (!Array.isArray(keys) || !keys.length) return null;
+  const shown = keys.slice(0, 5).map((k) => `${k.flow_key} ${fmt(k.in_flight)}`).join(" · ");
+  const more = keys.length > 5 ? ` · +${keys.length - 5} more` : "";
+  return el("div", { className: "muted", title: "Children in flight per flow key" }, `keys in flight: ${shown}${more}`);
 }
 
 const queueNames = new Set();

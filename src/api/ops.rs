@@ -132,6 +132,7 @@ async fn queue_gauges(state: &AppState, scope: &QueueScope) -> Vec<QueueGauge> {
             oldest_pending_age_seconds: q
                 .oldest_pending_since
                 .map(|since| (now - since).num_milliseconds().max(0) as f64 / 1000.0),
+            flow_keys: q.flow_keys.into_iter().map(|k| (k.flow_key, k.in_flight)).collect(),
         })
         .collect()
 }

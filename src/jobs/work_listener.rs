@@ -35,7 +35,10 @@ pub async fn listen_for_work(state: AppState) {
                         Ok(Heard::Work(work)) => {
                             state.waiters.wake(&work);
                         }
-                        Ok(Heard::Changed(changes)) => state.events.changed(&changes),
+                        Ok(Heard::Changed(changes)) => {
+                            state.waiters.slots_may_have_freed();
+                            state.events.changed(&changes);
+                        }
                         // This process told its own waiters and streams when it sent it.
                         Ok(Heard::Own) => {}
                         Err(err) => {

@@ -138,6 +138,14 @@ pub struct KeyLimits {
     pub tokens: Option<f64>,
 }
 
+/// What one flow key holds in flight now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct KeyUsage {
+    pub flow_key: String,
+    /// Its children with a live lease.
+    pub in_flight: i64,
+}
+
 /// The order in which a queue's claims serve its parents.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]

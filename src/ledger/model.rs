@@ -470,6 +470,10 @@ pub struct Queue {
     /// released, expired or retried); `null` when none is pending.
     pub oldest_pending_since: Option<DateTime<Utc>>,
     pub throughput: Throughput,
+    /// Its flow keys with children in flight now, most first (20 at most;
+    /// `GET /v1/queues/{queue}/limits` shows their limits). Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flow_keys: Vec<super::admission::KeyUsage>,
 }
 
 /// A queue's parents by state.

@@ -132,6 +132,10 @@ fn families_keep_their_names_types_and_help() {
             == "# HELP child_ledger_http_requests_total HTTP requests answered, by method, route template and status."),
         "{text}"
     );
+    assert!(
+        text.contains("child_ledger_flow_key_in_flight{queue=\"events\",flow_key=\"tenant-1\"} 2"),
+        "{text}"
+    );
     for help in text.lines().filter(|l| l.starts_with("# HELP ")) {
         assert!(help.ends_with('.') && !help.ends_with(".."), "{help}");
     }
@@ -172,6 +176,7 @@ fn queue_gauges_render_by_queue_and_state() {
             in_flight: 2,
             held: 1,
             oldest_pending_age_seconds: Some(12.5),
+            flow_keys: vec![("tenant-1".to_owned(), 2)],
         },
         QueueGauge {
             queue: "billing".to_owned(),
@@ -179,6 +184,7 @@ fn queue_gauges_render_by_queue_and_state() {
             in_flight: 3,
             held: 0,
             oldest_pending_age_seconds: None,
+            flow_keys: Vec::new(),
         },
     ];
     let text = Metrics::default().render(&[], 0, 0, WaitingClaims::default(), &queues);

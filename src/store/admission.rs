@@ -31,33 +31,36 @@ static LOCK_QUEUE: Sql = Sql::new(|d| {
 /// them, else the queue's per-key ones), their buckets, and what is in
 /// flight under each now.
 static GATES: Sql = Sql::new(|d| {
-    let live = format!("l.queue = $1 AND l.expires_at > {}", d.now);
     format!(
         "SELECT q.max_in_flight, q.per_second, q.burst, q.tokens, q.refilled_at, \
              CASE WHEN k.overridden THEN k.max_in_flight ELSE q.key_max_in_flight END AS key_max_in_flight, \
              CASE WHEN k.overridden THEN k.per_second ELSE q.key_per_second END AS key_per_second, \
              CASE WHEN k.overridden THEN k.burst ELSE q.key_burst END AS key_burst, \
              k.tokens AS key_tokens, k.refilled_at AS key_refilled_at, \
-             (SELECT coalesce(sum(l.open), 0) FROM claim_lease l WHERE {live}) AS queue_in_flight, \
-             (SELECT min(l.expires_at) FROM claim_lease l WHERE {live}) AS queue_expiry, \
-             (SELECT coalesce(sum(l.open), 0) FROM claim_lease l WHERE {live} AND l.flow_key = $2) AS key_in_flight, \
-             (SELECT min(l.expires_at) FROM claim_lease l WHERE {live} AND l.flow_key = $2) AS key_expiry, \
-             {now} AS now \
-         FROM flow_limit q LEFT JOIN flow_limit k ON k.queue = q.queue AND k.flow_key = $2 \
+             u.queue_in_flight, u.queue_expiry, u.key_in_flight, u.key_expiry, {now} AS now \
+         FROM flow_limit q LEFT JOIN flow_limit k ON k.queue = q.queue AND k.flow_key = $2, \
+             (SELECT coalesce(sum(l.open), 0) AS queue_in_flight, min(l.expires_at) AS queue_expiry, \
+                  coalesce(sum(CASE WHEN l.flow_key = $2 THEN l.open ELSE 0 END), 0) AS key_in_flight, \
+                  min(CASE WHEN l.flow_key = $2 THEN l.expires_at END) AS key_expiry \
+              FROM claim_lease l WHERE l.queue = $1 AND l.expires_at > {now}) u \
          WHERE q.queue = $1 AND q.flow_key = ''",
-        now = d.now
+        now = d.statement_now
     )
 });
 
-/// Writes bucket `$3` (refilled at `$4`; NULL: as it is) of queue `$1`'s
-/// row `$2` ('' for the queue's own), and when `$5` stamps it served after
-/// every other row of the queue: keys take turns (the queue's own row
-/// stands for its parents without a key).
-const SPEND: &str = "UPDATE flow_limit SET tokens = coalesce($3, tokens), \
-    refilled_at = CASE WHEN $3 IS NULL THEN refilled_at ELSE $4 END, \
-    served = CASE WHEN $5 THEN (SELECT coalesce(max(f.served), 0) + 1 FROM flow_limit f WHERE f.queue = $1) \
-        ELSE served END \
-    WHERE queue = $1 AND flow_key = $2";
+/// After a lane claim in queue `$1`: its own row (when `$2` is '') and
+/// its key's row (`$3`; NULL: none) write their buckets (`$4` the queue's,
+/// `$5` the key's; NULL: as they are), refilled at `$6` (never earlier than
+/// they were: a bucket refills once for each moment); the key's row, or
+/// the queue's own when `$7` (a lane without a key: those take their turn
+/// as one key), is stamped served after every other row of the queue.
+const SPEND: &str = "UPDATE flow_limit SET \
+    tokens = coalesce(CASE WHEN flow_key = '' THEN $4 ELSE $5 END, tokens), \
+    refilled_at = CASE WHEN (CASE WHEN flow_key = '' THEN $4 ELSE $5 END) IS NULL OR refilled_at >= $6 \
+        THEN refilled_at ELSE $6 END, \
+    served = CASE WHEN flow_key <> '' OR $7 \
+        THEN (SELECT coalesce(max(f.served), 0) + 1 FROM flow_limit f WHERE f.queue = $1) ELSE served END \
+    WHERE queue = $1 AND (flow_key = $2 OR flow_key = $3)";
 
 /// A lane's place under its queue's limits: read by `Admission::read`.
 #[derive(Debug, Clone, Default)]
@@ -132,13 +135,20 @@ impl Admission {
         })
     }
 
+    /// When a limited queue's claim was let through: the time its buckets
+    /// were read at, what its lease says it was made at.
+    pub fn admitted_at(&self) -> Option<DateTime<Utc>> {
+        self.now
+    }
+
     /// How many children the claim may take.
     pub fn allowed(&self, want: i64) -> i64 {
         self.admitted.map_or(want, |a| a.allowed)
     }
 
     /// After the claim took `taken` children: spends the buckets, and stamps
-    /// the lane's key (or, for a lane without one, its queue's own row) served.
+    /// the lane's key (or, for a lane without one, its queue's own row)
+    /// served, in one statement.
     pub async fn spend(
         &self,
         tx: &mut dyn Transaction,
@@ -152,28 +162,21 @@ impl Admission {
         };
         let queue_tokens = spent(&self.queue);
         let keyless = self.flow_rows && flow_key.is_none();
-        if queue_tokens.is_some() || keyless {
-            tx.execute(
-                Statement::new(SPEND)
-                    .text(queue)
-                    .text("")
-                    .float(queue_tokens)
-                    .time(self.now)
-                    .bool(keyless),
-            )
-            .await?;
+        let own_row = queue_tokens.is_some() || keyless;
+        if !own_row && flow_key.is_none() {
+            return Ok(());
         }
-        if let Some(key) = flow_key {
-            tx.execute(
-                Statement::new(SPEND)
-                    .text(queue)
-                    .text(key)
-                    .float(spent(&self.key))
-                    .time(self.now)
-                    .bool(true),
-            )
-            .await?;
-        }
+        tx.execute(
+            Statement::new(SPEND)
+                .text(queue)
+                .text(own_row.then_some(""))
+                .text(flow_key)
+                .float(queue_tokens)
+                .float(spent(&self.key))
+                .time(self.now)
+                .bool(keyless),
+        )
+        .await?;
         Ok(())
     }
 }

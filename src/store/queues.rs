@@ -6,6 +6,7 @@
 use super::reports::QueueRow;
 use super::statement::{Sql, Statement};
 use super::{Store, StoreResult};
+use crate::ledger::admission::KeyUsage;
 use crate::ledger::{Queue, QueueName, QueueScope};
 
 impl Store {
@@ -20,11 +21,44 @@ impl Store {
                     .text(scope.as_deref()),
             )
             .await?;
-        rows.iter()
+        let mut queues: Vec<Queue> = rows
+            .iter()
             .map(|row| Ok(QueueRow::from_row(&**row)?.into_queue()))
-            .collect()
+            .collect::<StoreResult<_>>()?;
+        if !queues.is_empty() {
+            let rows = self
+                .db
+                .fetch(Statement::new(self.sql(&KEYS_IN_FLIGHT)).text(queue.map(QueueName::as_str)))
+                .await?;
+            for row in &rows {
+                let name = row.text("queue")?;
+                if let Some(q) = queues.iter_mut().find(|q| q.queue.as_str() == name)
+                    && q.flow_keys.len() < KEYS_SHOWN
+                {
+                    q.flow_keys.push(KeyUsage {
+                        flow_key: row.text("flow_key")?,
+                        in_flight: row.int("in_flight")?,
+                    });
+                }
+            }
+        }
+        Ok(queues)
     }
 }
+
+/// How many flow keys a queue shows at most.
+const KEYS_SHOWN: usize = 20;
+
+/// The flow keys with children in flight (of queue `$1`, or every queue),
+/// most first, from the live leases.
+static KEYS_IN_FLIGHT: Sql = Sql::new(|d| {
+    format!(
+        "SELECT queue, flow_key, CAST(sum(open) AS BIGINT) AS in_flight FROM claim_lease \
+         WHERE expires_at > {now} AND flow_key IS NOT NULL AND ($1 IS NULL OR queue = $1) \
+         GROUP BY queue, flow_key ORDER BY in_flight DESC, queue, flow_key LIMIT 2000",
+        now = d.now
+    )
+});
 
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
 /// `reports::QueueRow`): parents by state and their projections summed, their

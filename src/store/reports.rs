@@ -312,6 +312,7 @@ impl QueueRow {
                 (self.processed_before, self.failed_before),
                 self.epoch.rem_euclid(60.0),
             ),
+            flow_keys: Vec::new(),
         }
     }
 }

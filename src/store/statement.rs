@@ -86,6 +86,10 @@ pub(crate) struct Dialect {
     pub(super) slot: usize,
     /// The database clock.
     pub now: &'static str,
+    /// The database clock as the statement starts (Postgres' `now()` is
+    /// the transaction's start, which orders claims by when they began,
+    /// not by when they took the lock they waited for).
+    pub statement_now: &'static str,
     /// The current minute since the epoch, by the database clock.
     pub minute: &'static str,
     /// The database clock in seconds since the epoch, as a float.

@@ -64,7 +64,8 @@ static TAKE_LANE_SKIP: LazyLock<String> = LazyLock::new(|| take_lane("FOR UPDATE
 /// `$4` workers, `$5` lease seconds, `$11` the first child (1-based) it
 /// takes; `$6` the floor, `$7` whether given-back children are due, `$8` the
 /// lane's queue, `$9` the parent's `traceparent` and `$10` whether children
-/// have their own (each is then looked up), `$12` its flow key. A child finds its ask by
+/// have their own (each is then looked up), `$12` its flow key, `$13` when
+/// admission let the claim through (its lease's `claimed_at`; NULL: now). A child finds its ask by
 /// `width_bucket` over `$11` (a binary search of a short array; indexing an
 /// array of one text per child walked it from the start for every child).
 pub static LANE_CLAIM: &str = "WITH fresh AS ( \
@@ -94,7 +95,8 @@ pub static LANE_CLAIM: &str = "WITH fresh AS ( \
          SELECT claim_id, $1, \
              CASE WHEN count(*) = max(sequence) - min(sequence) + 1 THEN NULL \
                   ELSE array_agg(sequence ORDER BY sequence) END, \
-             max(lease_expires_at), now(), max(worker), count(*), min(sequence), max(sequence), $8, $12 \
+             max(lease_expires_at), coalesce($13::timestamptz, statement_timestamp()), max(worker), count(*), \
+             min(sequence), max(sequence), $8, $12 \
          FROM leased GROUP BY claim_id \
          ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
              sequences = coalesce(claim_lease.sequences, \
@@ -276,6 +278,7 @@ impl Claims for PgStore {
                 .bind(children_traced)
                 .bind(&firsts)
                 .bind(flow_key)
+                .bind(admission.admitted_at())
                 .fetch_all(&mut *tx)
                 .await?;
             admission.spend(&mut tx, &queue, flow_key, rows.len() as i64).await?;

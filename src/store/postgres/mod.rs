@@ -31,6 +31,7 @@ use pooler::{PgDb, Session};
 static POSTGRES: Dialect = Dialect {
     slot: 0,
     now: "now()",
+    statement_now: "statement_timestamp()",
     minute: MINUTE,
     epoch: "CAST(extract(epoch FROM now()) AS float8)",
     for_update: " FOR UPDATE",

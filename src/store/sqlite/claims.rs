@@ -53,14 +53,14 @@ static RETRY_HELD: LazyLock<String> = LazyLock::new(|| sql::retry_held(NOW));
 /// Records the lease of claim `?1` on parent `?2`: the children `?3` (a
 /// JSON array; `?6` of them, `?7` the lowest, `?8` the highest), until `?4`
 /// (a clock modifier) from now, by worker `?5`, in queue `?9` under flow
-/// key `?10`; a second claim of the same
+/// key `?10`, made at `?11` (when admission let it through; NULL: now); a second claim of the same
 /// claim id on the lane (a top-up) adds its children. The children it hands
 /// out were told an expiry read a moment before, never a later one.
 static LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO claim_lease (claim_id, parent_id, sequences, expires_at, claimed_at, worker, open, lo, hi, \
              queue, flow_key) \
-         VALUES (?1, ?2, ?3, {expires}, {NOW}, ?5, ?6, ?7, ?8, ?9, ?10) \
+         VALUES (?1, ?2, ?3, {expires}, coalesce(?11, {NOW}), ?5, ?6, ?7, ?8, ?9, ?10) \
          ON CONFLICT (claim_id, parent_id) DO UPDATE SET \
              sequences = (SELECT json_group_array(value) FROM ( \
                  SELECT value FROM json_each(claim_lease.sequences) \
@@ -491,6 +491,11 @@ impl SqliteStore {
                 .bind(hi)
                 .bind(&queue)
                 .bind(flow_key)
+                .bind(
+                    admission
+                        .admitted_at()
+                        .map(|at| at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
+                )
                 .execute(&mut *tx)
                 .await?;
         }

@@ -44,6 +44,7 @@ fn now_by(modifier: &str) -> String {
 static SQLITE: Dialect = Dialect {
     slot: 1,
     now: NOW,
+    statement_now: NOW,
     minute: MINUTE,
     epoch: "((julianday('now') - 2440587.5) * 86400.0)",
     for_update: "",
