@@ -24,6 +24,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::Connection;
 
+use super::cost::{TICK_US, machine_ticks, postgres_ticks, process_ticks};
 use super::{ClaimReply, Scenario, ScratchDb, Service, WORKERS, burn_down_http, post_processed, put_raw, settle};
 
 const KEYS: usize = 20;
@@ -60,8 +61,40 @@ async fn set_limits(base: &str, queue: &str, limits: Value) {
     assert!(r.status().is_success(), "limits: {}", r.status());
 }
 
-/// A keyed burn-down of `n`, with `limits` set first when given; children/s.
-async fn keyed_burn(admin_url: &str, tag: &str, n: usize, limits: Option<Value>) -> f64 {
+/// What one burn-down cost: children/s, and CPU µs per child of the whole
+/// machine, of Postgres and of the service (from `/proc`, over the burn-down
+/// alone).
+#[derive(Debug, Clone, Copy, Default)]
+struct Burn {
+    rate: f64,
+    machine_us: f64,
+    postgres_us: f64,
+    service_us: f64,
+}
+
+impl Burn {
+    fn mean(a: Self, b: Self) -> Self {
+        Self {
+            rate: (a.rate + b.rate) / 2.0,
+            machine_us: (a.machine_us + b.machine_us) / 2.0,
+            postgres_us: (a.postgres_us + b.postgres_us) / 2.0,
+            service_us: (a.service_us + b.service_us) / 2.0,
+        }
+    }
+}
+
+impl std::fmt::Display for Burn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} children/s, CPU µs per child: machine {:.1}, Postgres {:.1}, service {:.1}",
+            self.rate, self.machine_us, self.postgres_us, self.service_us
+        )
+    }
+}
+
+/// A keyed burn-down of `n`, with `limits` set first when given.
+async fn keyed_burn(admin_url: &str, tag: &str, n: usize, limits: Option<Value>) -> Burn {
     let db = ScratchDb::create(admin_url, tag).await;
     let service = Service::start(&db.url).await;
     if let Some(limits) = limits {
@@ -70,10 +103,19 @@ async fn keyed_burn(admin_url: &str, tag: &str, n: usize, limits: Option<Value>)
     register(&service.base, "adm", n, PARENTS, true).await;
     settle(&db.url).await;
     let paths = vec!["/v1/queues/adm/claims".to_owned(); WORKERS];
+    let ticks = || (machine_ticks(), postgres_ticks(), process_ticks(service.pid));
+    let before = ticks();
     let rate = burn_down_http(&service.base, &paths, 100, n as u64).await;
+    let after = ticks();
     service.stop().await;
     db.drop_now().await;
-    rate
+    let per_child = |a: u64, b: u64| b.saturating_sub(a) as f64 * TICK_US / n as f64;
+    Burn {
+        rate,
+        machine_us: per_child(before.0, after.0),
+        postgres_us: per_child(before.1, after.1),
+        service_us: per_child(before.2, after.2),
+    }
 }
 
 /// Claims `n` children of a queue limited to `rate`/s (burst `burst`) with
@@ -210,8 +252,9 @@ pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) 
     let before = keyed_burn(admin_url, "admfree", n, None).await;
     let bound = keyed_burn(admin_url, "admhigh", n, Some(high)).await;
     let after = keyed_burn(admin_url, "admfree2", n, None).await;
-    eprintln!("admission.unbound: free {before:.0}, limited {bound:.0}, free again {after:.0} children/s");
-    let free = (before + after) / 2.0;
+    eprintln!("admission.unbound: no limits: {before}\n  limits that never bind: {bound}\n  no limits again: {after}");
+    let unlimited = Burn::mean(before, after);
+    let free = unlimited.rate;
 
     let rate = (free / 5.0).round().max(10.0);
     let burst = (rate / 10.0).round().max(1.0);
@@ -240,9 +283,15 @@ pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) 
         "admission.cap_violations: {samples} samples, {over} above the cap, most seen in flight for a key {most}"
     );
     vec![
-        Scenario::new("admission.unbound", "children/s", bound)
+        Scenario::new("admission.unbound", "children/s", bound.rate)
             .against("the same burn-down, no limits", free)
             .target(">= 0.9"),
+        Scenario::new("admission.unbound.cpu", "CPU µs per child, machine", bound.machine_us)
+            .against("the same burn-down, no limits", unlimited.machine_us)
+            .target("<= 1.11"),
+        Scenario::new("admission.unbound.postgres_cpu", "CPU µs per child, Postgres", bound.postgres_us)
+            .against("the same burn-down, no limits", unlimited.postgres_us)
+            .target("<= 1.11"),
         Scenario::new("admission.rate", "children/s", measured)
             .against("per_second", rate)
             .target(">= 0.95"),

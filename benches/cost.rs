@@ -29,7 +29,7 @@ use super::{ScratchDb, Service, register, settle};
 
 /// Clock ticks per second of `/proc`'s CPU times (`sysconf(_SC_CLK_TCK)`,
 /// 100 on Linux).
-const TICK_US: f64 = 10_000.0;
+pub(super) const TICK_US: f64 = 10_000.0;
 
 /// CPU ticks of a `/proc/<pid>/stat` line: utime, stime, cutime, cstime.
 fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
@@ -41,7 +41,7 @@ fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
     Some((n(11) + n(12), n(13) + n(14)))
 }
 
-fn process_ticks(pid: u32) -> u64 {
+pub(super) fn process_ticks(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| stat_ticks(&s))
@@ -58,7 +58,7 @@ fn waited_children_ticks() -> u64 {
 
 /// CPU of every Postgres process, and of those that exited (the postmaster's
 /// waited-for children).
-fn postgres_ticks() -> u64 {
+pub(super) fn postgres_ticks() -> u64 {
     let mut total = 0;
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let name = entry.file_name();
@@ -82,7 +82,7 @@ fn postgres_ticks() -> u64 {
 }
 
 /// Busy ticks of the whole machine (everything but idle and iowait).
-fn machine_ticks() -> u64 {
+pub(super) fn machine_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let line = stat.lines().next().unwrap_or_default();
     let fields: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();

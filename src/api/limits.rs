@@ -148,10 +148,11 @@ async fn put_queue_limits(
     Ok(Json(state.store.queue_limits(&queue).await?))
 }
 
-/// The flow key of a path, checked.
-fn key_param(raw: &str) -> ApiResult<String> {
-    check_flow_key(raw).map_err(|why| ApiError::bad_request("flow_key", why))?;
-    Ok(raw.to_owned())
+/// The queue and flow key of a key's path, checked.
+fn key_path((queue, key): &(String, String)) -> ApiResult<(QueueName, String)> {
+    let queue = queue_param(queue)?;
+    check_flow_key(key).map_err(|why| ApiError::bad_request("flow_key", why))?;
+    Ok((queue, key.clone()))
 }
 
 /// One flow key's limits (its own, or the queue's `per_key`) and what is used under them now.
@@ -170,10 +171,9 @@ fn key_param(raw: &str) -> ApiResult<String> {
 )]
 async fn get_key_limits(
     State(state): State<AppState>,
-    Path((queue, key)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
 ) -> ApiResult<Json<KeyLimits>> {
-    let queue = queue_param(&queue)?;
-    let key = key_param(&key)?;
+    let (queue, key) = key_path(&path)?;
     Ok(Json(state.store.key_limits(&queue, &key).await?))
 }
 
@@ -195,11 +195,10 @@ async fn get_key_limits(
 )]
 async fn put_key_limits(
     State(state): State<AppState>,
-    Path((queue, key)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     AppJson(body): AppJson<SetLimits>,
 ) -> ApiResult<Json<KeyLimits>> {
-    let queue = queue_param(&queue)?;
-    let key = key_param(&key)?;
+    let (queue, key) = key_path(&path)?;
     let limits = body.checked("")?;
     state.store.set_key_limits(&queue, &key, Some(limits)).await?;
     Ok(Json(state.store.key_limits(&queue, &key).await?))
@@ -221,10 +220,9 @@ async fn put_key_limits(
 )]
 async fn delete_key_limits(
     State(state): State<AppState>,
-    Path((queue, key)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
 ) -> ApiResult<Json<KeyLimits>> {
-    let queue = queue_param(&queue)?;
-    let key = key_param(&key)?;
+    let (queue, key) = key_path(&path)?;
     state.store.set_key_limits(&queue, &key, None).await?;
     Ok(Json(state.store.key_limits(&queue, &key).await?))
 }

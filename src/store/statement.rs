@@ -97,6 +97,10 @@ pub(crate) struct Dialect {
     /// Appended to a read that locks the rows it reads until the transaction
     /// ends (SQLite's write transaction already holds its one lock).
     pub for_update: &'static str,
+    /// An expression that lets the transaction commit without waiting for
+    /// its flush, for a commit whose answer waits for the flush afterwards
+    /// (Postgres' `synchronous_commit`, for this transaction). SQLite: none.
+    pub unflushed_commit: Option<&'static str>,
     /// Appended to a subquery picking rows another transaction may be taking.
     pub skip_locked: &'static str,
     /// The larger of two values.

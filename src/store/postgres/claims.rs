@@ -190,15 +190,196 @@ const TAKE_CLAIM_LANES: &str = "SELECT parent_id FROM lane \
 enum Taken {
     /// Nothing: a limit (which one) or a `not_before` (when to come back) held it back, or the lane had nothing.
     HeldBack(Option<HeldBy>, Option<DateTime<Utc>>),
-    /// The claim statement's rows, for the asks as admitted.
-    Rows(Vec<sqlx::postgres::PgRow>, Vec<LaneAsk>, Option<HeldBy>),
+    /// The claim statement's rows, for the asks as admitted; whether its
+    /// commit did not wait for its flush (a limited queue's claim), and when
+    /// then its leases must say they were made.
+    Rows(
+        Vec<sqlx::postgres::PgRow>,
+        Vec<LaneAsk>,
+        Option<HeldBy>,
+        Option<Unflushed>,
+    ),
+    /// Admitted after it took its children, the claim took more than it
+    /// may: rolled back, to be admitted first.
+    Overshot,
+}
+
+/// A lane as its turn read it (`TAKE_LANE`).
+#[derive(sqlx::FromRow)]
+struct TakenLane {
+    queue: String,
+    floor: Option<i64>,
+    due: bool,
+    traceparent: Option<String>,
+    children_traced: bool,
+    flow_key: Option<String>,
+    wait_until: Option<DateTime<Utc>>,
+    limited: Option<bool>,
+}
+
+/// A claim committed without waiting for its flush: `PgStore::durable`
+/// waits for it before the claim is answered.
+struct Unflushed {
+    /// When a rate let it through, for a claim admitted after it took its
+    /// children: its leases say so (they said when they were taken).
+    metered_at: Option<DateTime<Utc>>,
+}
+
+/// Rewrites the lease rows of claims `$1` on parent `$2` (stamped made at
+/// `$3` when given), in a transaction of its own that waits for its flush
+/// (every commit's does, `synchronous_commit` being on): the flush takes the
+/// log up to this commit, past the claim's own commit before it. Nobody
+/// else writes those rows before the claim is answered, so it waits for no
+/// lock; had an expiry's sweep deleted them, that sweep's own commit
+/// flushed the log.
+const FLUSHED: &str = "UPDATE claim_lease SET claimed_at = coalesce($3, claimed_at) \
+    WHERE claim_id = ANY($1) AND parent_id = $2";
+
+impl PgStore {
+    /// One lane claim's transaction. In a limited queue that did not bind
+    /// lately (`Binding`), the claim takes its children first and takes the
+    /// queue's turn only to count them (`Admission::read` with them as its
+    /// own): the turn no longer spans the claim statement, which kept the
+    /// queue's claims in single file. When it took more than it may, it rolls
+    /// back (`Taken::Overshot`) and, called again with `admit_first`, is
+    /// admitted before it takes any.
+    async fn lane_transaction(
+        &self,
+        parent_id: &ParentId,
+        queue: Option<&str>,
+        take: &'static str,
+        asks: &[LaneAsk],
+        admit_first: bool,
+    ) -> StoreResult<Option<Taken>> {
+        let want: i64 = asks.iter().map(|a| a.limit).sum();
+        let mut tx = self.held_tx().await?;
+        let lane: Option<TakenLane> = sqlx::query_as(self.pool.sql(take))
+            .bind(parent_id.as_str())
+            .bind(queue)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(lane) = lane else {
+            tx.commit().await?;
+            return Ok(None);
+        };
+        if lane.wait_until.is_some() {
+            tx.commit().await?;
+            return Ok(Some(Taken::HeldBack(None, lane.wait_until)));
+        }
+        if lane.floor.is_none() && !lane.due {
+            tx.commit().await?;
+            return Ok(Some(Taken::HeldBack(None, None)));
+        }
+        let queue = lane.queue.as_str();
+        let flow_key = lane.flow_key.as_deref();
+        if lane.limited == Some(true) && !admit_first && !self.bound.lately(queue, flow_key) {
+            let rows = self.lane_rows(&mut tx, parent_id, &lane, asks, want, None).await?;
+            let taken = rows.len() as i64;
+            if taken == 0 {
+                tx.commit().await?;
+                return Ok(Some(Taken::Rows(rows, asks.to_vec(), None, None)));
+            }
+            let admission = Admission::read(&mut tx, queue, flow_key, lane.limited, taken, taken).await?;
+            if admission.allowed(taken) < taken {
+                tx.rollback().await?;
+                if let Some(held_by) = admission.admitted.and_then(|a| a.held_by) {
+                    self.bound.note(queue, flow_key, held_by);
+                }
+                return Ok(Some(Taken::Overshot));
+            }
+            admission.spend(&mut tx, queue, flow_key, taken).await?;
+            tx.commit().await?;
+            let unflushed = admission.unflushed().then(|| Unflushed {
+                metered_at: admission.metered().then(|| admission.admitted_at()).flatten(),
+            });
+            return Ok(Some(Taken::Rows(rows, asks.to_vec(), None, unflushed)));
+        }
+        let admission = Admission::read(&mut tx, queue, flow_key, lane.limited, want, 0).await?;
+        let allowed = admission.allowed(want);
+        let held_by = admission.admitted.and_then(|a| a.held_by);
+        if let Some(held_by) = held_by {
+            self.bound.note(queue, flow_key, held_by);
+        }
+        if allowed == 0 {
+            admission.spend(&mut tx, queue, flow_key, 0).await?;
+            tx.commit().await?;
+            return Ok(Some(Taken::HeldBack(
+                held_by,
+                admission.admitted.and_then(|a| a.next_available_at),
+            )));
+        }
+        let asks = LaneClaim::admitted_asks(asks, allowed);
+        let rows = self
+            .lane_rows(&mut tx, parent_id, &lane, &asks, allowed, admission.admitted_at())
+            .await?;
+        admission.spend(&mut tx, queue, flow_key, rows.len() as i64).await?;
+        tx.commit().await?;
+        let unflushed = admission.unflushed().then_some(Unflushed { metered_at: None });
+        Ok(Some(Taken::Rows(rows, asks, held_by, unflushed)))
+    }
+
+    /// Runs `LANE_CLAIM` for `asks` (`allowed` children in all) on a lane
+    /// whose turn the transaction holds.
+    async fn lane_rows(
+        &self,
+        tx: &mut PgTx,
+        parent_id: &ParentId,
+        lane: &TakenLane,
+        asks: &[LaneAsk],
+        allowed: i64,
+        admitted_at: Option<DateTime<Utc>>,
+    ) -> StoreResult<Vec<sqlx::postgres::PgRow>> {
+        let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
+        let workers: Vec<Option<&str>> = asks.iter().map(|a| a.worker.as_deref()).collect();
+        let leases: Vec<f64> = asks.iter().map(|a| a.lease_seconds as f64).collect();
+        let firsts: Vec<i64> = asks
+            .iter()
+            .scan(1, |next, a| {
+                let first = *next;
+                *next += a.limit;
+                Some(first)
+            })
+            .collect();
+        Ok(sqlx::query(self.pool.sql(LANE_CLAIM))
+            .bind(parent_id.as_str())
+            .bind(allowed)
+            .bind(&claims)
+            .bind(&workers)
+            .bind(&leases)
+            .bind(lane.floor)
+            .bind(lane.due)
+            .bind(&lane.queue)
+            .bind(&lane.traceparent)
+            .bind(lane.children_traced)
+            .bind(&firsts)
+            .bind(&lane.flow_key)
+            .bind(admitted_at)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
+    /// Returns once a claim committed without waiting for its flush
+    /// (`store::admission::LOCK_QUEUE`) is on disk: the answer to a claim is durable, as
+    /// every answer is.
+    async fn durable(&self, asks: &[LaneAsk], parent_id: &ParentId, unflushed: &Unflushed) -> StoreResult<()> {
+        let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
+        sqlx::query(FLUSHED)
+            .bind(&claims)
+            .bind(parent_id.as_str())
+            .bind(unflushed.metered_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl Claims for PgStore {
     /// Leases children of one parent for each ask, in one transaction: the
     /// lane's turn (`TAKE_LANE`), then one statement (`LANE_CLAIM`) that
-    /// hands the lowest sequences to the first ask, and so on.
+    /// hands the lowest sequences to the first ask, and so on. In a limited
+    /// queue the claim is admitted after it took its children, and rolled
+    /// back to be admitted first when it took more than it may (`Binding`).
     async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
         let LaneClaimParams {
             parent_id,
@@ -211,85 +392,22 @@ impl Claims for PgStore {
             LaneTurn::Wait => TAKE_LANE.as_str(),
             LaneTurn::Skip => TAKE_LANE_SKIP.as_str(),
         };
-        let want: i64 = asks.iter().map(|a| a.limit).sum();
-        let taken = retry_transient(|| async move {
-            let mut tx = self.held_tx().await?;
-            type Lane = (
-                String,
-                Option<i64>,
-                bool,
-                Option<String>,
-                bool,
-                Option<String>,
-                Option<DateTime<Utc>>,
-                Option<bool>,
-            );
-            let lane: Option<Lane> = sqlx::query_as(self.pool.sql(take))
-                .bind(parent_id.as_str())
-                .bind(queue)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some((queue, floor, due, traceparent, children_traced, flow_key, wait_until, flow_rows)) = lane else {
-                tx.commit().await?;
-                return Ok(None);
-            };
-            if wait_until.is_some() {
-                tx.commit().await?;
-                return Ok(Some(Taken::HeldBack(None, wait_until)));
+        let mut taken = None;
+        for admit_first in [false, true] {
+            taken = retry_transient(|| self.lane_transaction(parent_id, queue, take, asks, admit_first)).await?;
+            if !matches!(taken, Some(Taken::Overshot)) {
+                break;
             }
-            if floor.is_none() && !due {
-                tx.commit().await?;
-                return Ok(Some(Taken::HeldBack(None, None)));
-            }
-            let flow_key = flow_key.as_deref();
-            let admission = Admission::read(&mut tx, &queue, flow_key, flow_rows, want).await?;
-            let allowed = admission.allowed(want);
-            let held_by = admission.admitted.and_then(|a| a.held_by);
-            if allowed == 0 {
-                admission.spend(&mut tx, &queue, flow_key, 0).await?;
-                tx.commit().await?;
-                return Ok(Some(Taken::HeldBack(
-                    held_by,
-                    admission.admitted.and_then(|a| a.next_available_at),
-                )));
-            }
-            let asks = LaneClaim::admitted_asks(asks, allowed);
-            let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
-            let workers: Vec<Option<&str>> = asks.iter().map(|a| a.worker.as_deref()).collect();
-            let leases: Vec<f64> = asks.iter().map(|a| a.lease_seconds as f64).collect();
-            let firsts: Vec<i64> = asks
-                .iter()
-                .scan(1, |next, a| {
-                    let first = *next;
-                    *next += a.limit;
-                    Some(first)
-                })
-                .collect();
-            let rows = sqlx::query(self.pool.sql(LANE_CLAIM))
-                .bind(parent_id.as_str())
-                .bind(allowed)
-                .bind(&claims)
-                .bind(&workers)
-                .bind(&leases)
-                .bind(floor)
-                .bind(due)
-                .bind(&queue)
-                .bind(traceparent)
-                .bind(children_traced)
-                .bind(&firsts)
-                .bind(flow_key)
-                .bind(admission.admitted_at())
-                .fetch_all(&mut *tx)
-                .await?;
-            admission.spend(&mut tx, &queue, flow_key, rows.len() as i64).await?;
-            tx.commit().await?;
-            Ok(Some(Taken::Rows(rows, asks, held_by)))
-        })
-        .await?;
+        }
+        if let Some(Taken::Rows(rows, asks, _, Some(unflushed))) = &taken
+            && !rows.is_empty()
+        {
+            self.durable(asks, parent_id, unflushed).await?;
+        }
         match taken {
-            None => Ok(asks.iter().map(|_| LaneClaim::default()).collect()),
+            None | Some(Taken::Overshot) => Ok(asks.iter().map(|_| LaneClaim::default()).collect()),
             Some(Taken::HeldBack(held_by, next)) => Ok(LaneClaim::held_back(asks, held_by, next)),
-            Some(Taken::Rows(rows, admitted, held_by)) => {
+            Some(Taken::Rows(rows, admitted, held_by, _)) => {
                 let mut claims = LaneClaim::taken_from_rows(&admitted, &rows)?;
                 for claim in &mut claims {
                     claim.held_by = held_by;

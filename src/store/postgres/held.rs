@@ -61,6 +61,15 @@ impl Held {
         Ok(())
     }
 
+    /// Undoes the transaction and gives the connection back to the pool.
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        let rollback = self.rollback;
+        self.execute(rollback).await?;
+        self.in_transaction = false;
+        self.conn.take();
+        Ok(())
+    }
+
     /// Ends a read (committing, if it ran in a transaction) and gives the
     /// connection back to the pool.
     pub async fn finish(mut self) -> Result<(), sqlx::Error> {

@@ -21,6 +21,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, P
 use sqlx::{ConnectOptions as _, Connection as _, PgConnection, Postgres};
 use tracing::Instrument as _;
 
+use super::admission::Binding;
 use super::backend::{Connection, Notifications, Row, Transaction};
 use super::statement::{Dialect, Statement, Value};
 use super::{PoolStats, StoreOptions, StoreResult, sql};
@@ -35,6 +36,7 @@ static POSTGRES: Dialect = Dialect {
     minute: MINUTE,
     epoch: "CAST(extract(epoch FROM now()) AS float8)",
     for_update: " FOR UPDATE",
+    unflushed_commit: Some("set_config('synchronous_commit', 'off', true)"),
     skip_locked: " FOR UPDATE SKIP LOCKED",
     greatest: "greatest",
     later: |p| format!("(now() + make_interval(secs => {p}))"),
@@ -95,6 +97,8 @@ pub(crate) struct PgStore {
     pool: PgDb,
     /// A direct URL for what needs a session: `LISTEN` and migrations.
     direct_url: Option<String>,
+    /// Where limits held claims back lately (`store::admission::Binding`).
+    bound: Arc<Binding>,
 }
 
 impl PgStore {
@@ -157,6 +161,7 @@ impl PgStore {
                 wrapped: Arc::default(),
             },
             direct_url: options.direct_url.clone(),
+            bound: Arc::default(),
         })
     }
 

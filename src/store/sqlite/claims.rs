@@ -404,7 +404,7 @@ impl SqliteStore {
             return Ok(LaneClaim::held_back(std::slice::from_ref(ask), None, wait_until).remove(0));
         }
         let flow_key = flow_key.as_deref();
-        let admission = Admission::read(&mut tx, &queue, flow_key, flow_rows, ask.limit).await?;
+        let admission = Admission::read(&mut tx, &queue, flow_key, flow_rows, ask.limit, 0).await?;
         let held_by = admission.admitted.and_then(|a| a.held_by);
         let allowed = admission.allowed(ask.limit);
         if allowed == 0 {

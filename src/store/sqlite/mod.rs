@@ -48,6 +48,7 @@ static SQLITE: Dialect = Dialect {
     minute: MINUTE,
     epoch: "((julianday('now') - 2440587.5) * 86400.0)",
     for_update: "",
+    unflushed_commit: None,
     skip_locked: "",
     greatest: "max",
     later: |p| now_by(&format!("'+' || {p} || ' seconds'")),
