@@ -166,6 +166,63 @@ async fn pause_holds_claims_until_resumed(backend: Backend) {
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
 }
 
+/// A pause through one replica holds the claims of another at once, and a
+/// resume through the other frees them: the pause is a row every claim
+/// statement reads, not a flag in one process. A long poll waiting on one
+/// replica is answered when the queue is resumed through the other.
+async fn pause_is_honoured_by_every_replica(backend: Backend) {
+    let one = spawn_app(backend).await;
+    let two = one.replica().await;
+    register(&one, "ZR-1", json!({"queue": "pr", "children": children(4)})).await;
+    let r = one.post("/v1/queues/pr/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(two.get("/v1/queues/pr").await.body["paused"], true);
+    let queue_claim = claim(&two, "/v1/queues/pr/claims", json!({"limit": 10})).await;
+    assert_eq!(taken(&queue_claim), 0, "the other replica's queue claim: {queue_claim}");
+    let parent_claim = claim(&two, "/v1/parents/ZR-1/claims", json!({"limit": 10})).await;
+    assert_eq!(
+        taken(&parent_claim),
+        0,
+        "the other replica's parent claim: {parent_claim}"
+    );
+
+    let waiting = {
+        let (client, url) = (two.client.clone(), format!("{}/v1/queues/pr/claims", two.base));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = client
+                .post(url)
+                .json(&json!({"limit": 10, "wait_seconds": 20}))
+                .send()
+                .await
+                .unwrap();
+            let body: Value = r.json().await.unwrap();
+            (started.elapsed(), body)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = one.post("/v1/queues/pr/resume", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let (waited, body) = waiting.await.unwrap();
+    println!(
+        "[{backend:?}] a long poll on the other replica got {} children {waited:?} after it started (resumed at 0.5 s)",
+        taken(&body)
+    );
+    assert_eq!(taken(&body), 4, "{body}");
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+
+    // Paused again through the other replica: the first holds its claims.
+    register(&one, "ZR-2", json!({"queue": "pr", "children": children(2)})).await;
+    let r = two.post("/v1/queues/pr/pause", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let held = claim(&one, "/v1/queues/pr/claims", json!({"limit": 10})).await;
+    assert_eq!(taken(&held), 0, "{held}");
+    let r = two.post("/v1/queues/pr/resume", json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let freed = claim(&one, "/v1/queues/pr/claims", json!({"limit": 10})).await;
+    assert_eq!(taken(&freed), 2, "{freed}");
+}
+
 /// `DELETE /v1/parents/{id}`: only a complete parent, with all its children.
 async fn delete_removes_a_complete_parent(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -321,9 +378,88 @@ async fn retention_prunes_complete_parents(backend: Backend) {
     assert!(metrics.lines().any(|l| l == "child_ledger_pruned_total 2"), "{metrics}");
 }
 
+/// Two replicas, each with its pruner, delete each complete parent once:
+/// their `child_ledger_pruned_total` add up to the parents deleted, and no
+/// child of them is left.
+async fn two_pruners_delete_a_parent_once(backend: Backend) {
+    const PARENTS: usize = 12;
+    let db = TestDatabase::new(backend).await;
+    let flags = ["--retain-complete-seconds", "1"];
+    let one = ServiceProcess::start("pruner-one", &db.url, &flags).await;
+    let two = ServiceProcess::start("pruner-two", &db.url, &flags).await;
+    one.ready().await;
+    two.ready().await;
+    let client = reqwest::Client::new();
+    for i in 0..PARENTS {
+        let base = if i % 2 == 0 { &one.base } else { &two.base };
+        let r = client
+            .put(format!("{base}/v1/parents/PR-{i}"))
+            .json(&json!({"queue": "prune", "children": children(3_000)}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let r = client
+            .post(format!("{base}/v1/parents/PR-{i}/cancel"))
+            .json(&json!({"reason": "expire me"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let store = db.store().await;
+    let started = Instant::now();
+    while store
+        .count_raw("SELECT count(*) FROM parent WHERE parent_id LIKE 'PR-%'")
+        .await
+        .unwrap()
+        > 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the pruners never deleted them"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let children_left = store
+        .count_raw("SELECT count(*) FROM child WHERE parent_id LIKE 'PR-%'")
+        .await
+        .unwrap();
+    assert_eq!(children_left, 0);
+    let mut pruned = Vec::new();
+    for service in [&one, &two] {
+        let metrics = client
+            .get(format!("{}/metrics", service.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("child_ledger_pruned_total "))
+            .unwrap_or_else(|| panic!("no child_ledger_pruned_total: {metrics}"));
+        pruned.push(line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap());
+    }
+    println!(
+        "[{backend:?}] {PARENTS} complete parents of 3,000 children pruned by two replicas in {:?}: {} and {}",
+        started.elapsed(),
+        pruned[0],
+        pruned[1]
+    );
+    assert_eq!(
+        pruned.iter().sum::<u64>(),
+        PARENTS as u64,
+        "each parent deleted once: {pruned:?}"
+    );
+}
+
 both_stores!(
     cancel_skips_open_children_and_completes,
     pause_holds_claims_until_resumed,
+    pause_is_honoured_by_every_replica,
+    two_pruners_delete_a_parent_once,
     delete_removes_a_complete_parent,
     a_paused_queue_outlives_its_parents,
     retention_prunes_complete_parents,

@@ -553,7 +553,59 @@ async fn sigterm_ends_event_streams_cleanly(backend: Backend) {
     );
 }
 
+/// A request that never finishes (a client that sent half its body and
+/// stalled) keeps the process no longer than `--shutdown-grace-seconds`
+/// after SIGTERM: it then exits anyway (0), saying so in its log.
+async fn the_grace_period_ends_the_process(backend: Backend) {
+    use tokio::io::AsyncWriteExt;
+    const GRACE: Duration = Duration::from_secs(2);
+    let db = TestDatabase::new(backend).await;
+    let mut service = ServiceProcess::start(
+        "shutdown-grace",
+        &db.url,
+        &["--shutdown-grace-seconds", "2", "--request-timeout-seconds", "120"],
+    )
+    .await;
+    service.ready().await;
+    let port: u16 = service.base.rsplit(':').next().unwrap().parse().unwrap();
+    let mut stalled = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let head = "PUT /v1/parents/G-1 HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+                content-length: 100000\r\n\r\n{\"queue\": \"grace\", \"children\": [";
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.flush().await.unwrap();
+    // The request is in the handler, reading its body.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let signalled = Instant::now();
+    let status = service.terminate(Duration::from_secs(20)).await;
+    let exited_after = signalled.elapsed();
+    println!("[{backend:?}] a stalled request in flight: exited {exited_after:?} after SIGTERM (grace {GRACE:?})");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        exited_after >= GRACE - Duration::from_millis(200),
+        "exited before the grace ran out: {exited_after:?}"
+    );
+    assert!(
+        exited_after < GRACE * 2 + Duration::from_secs(2),
+        "exited {exited_after:?} after SIGTERM"
+    );
+    assert!(
+        service
+            .log_text()
+            .contains("requests still in flight after the grace period"),
+        "{}",
+        service.log_text()
+    );
+    let store = db.store().await;
+    assert_eq!(
+        store.count_raw("SELECT count(*) FROM parent").await.unwrap(),
+        0,
+        "the stalled request wrote nothing"
+    );
+    drop(stalled);
+}
+
 both_stores!(
+    the_grace_period_ends_the_process,
     sigterm_finishes_in_flight_requests_and_keeps_acknowledged_outcomes,
     sigterm_ends_long_polls_promptly,
     sigterm_ends_event_streams_cleanly,

@@ -592,6 +592,49 @@ async fn delivered_after_sigkill(backend: Backend) {
     );
 }
 
+/// Two replicas; the one that completed a parent is killed in the middle of
+/// its attempt. The other, still running, sends the event again, same id,
+/// once the dead attempt's lease has run out, and records it as the
+/// event's only attempt (the killed one was never recorded).
+async fn another_replica_sends_after_a_kill(backend: Backend) {
+    let receiver = Receiver::start().await;
+    receiver.script("handover", &[Answer::Hang]);
+    let db = TestDatabase::new(backend).await;
+    let flags = webhook_flags(receiver.port, "300,300,300");
+    let mut first = start_service("handover-first", &db, &flags).await;
+    complete_by_outcomes(&first.base, "KH-1", 10, Some(&receiver.url("handover"))).await;
+    eventually(
+        "the first replica's attempt reaches the receiver",
+        Duration::from_secs(20),
+        || async { (!receiver.hits_for("handover").is_empty()).then_some(()) },
+    )
+    .await;
+    // Only the first replica runs yet: the hung attempt is its own.
+    let second = start_service("handover-second", &db, &flags).await;
+    first.kill().await;
+    let killed_at = Instant::now();
+    let (deliveries, _) = deliveries_in(&second.base, "KH-1", "delivered", Duration::from_secs(30)).await;
+    let took = killed_at.elapsed();
+    let hits = receiver.hits_for("handover");
+    assert_eq!(hits.len(), 2, "the hung attempt and the other replica's");
+    assert_eq!(hits[0].id, hits[1].id);
+    let attempts = deliveries[0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["attempt"], 2);
+    assert_eq!(attempts[0]["status_code"], 200);
+    let store = db.store().await;
+    assert_eq!(
+        store
+            .count_raw("SELECT count(DISTINCT sender) FROM webhook_attempt")
+            .await
+            .unwrap(),
+        1
+    );
+    eprintln!(
+        "webhooks[{backend:?}]: the sending replica killed mid-attempt; the other delivered {took:?} after the kill (lease 3 s)"
+    );
+}
+
 /// The receiver is down (nothing listens) for several attempts; once it
 /// listens, the event arrives with its id.
 async fn delivered_after_receiver_outage(backend: Backend) {
@@ -692,6 +735,8 @@ async fn replicas_never_share_an_attempt(backend: Backend) {
         .count_raw("SELECT count(DISTINCT sender) FROM webhook_attempt")
         .await
         .unwrap();
+    // Each replica sends its own completions at once, so both sent.
+    assert_eq!(senders, 2, "attempts recorded by {senders} replica(s)");
     eprintln!(
         "webhooks[{backend:?}]: 2 replicas, {PARENTS} events, {} requests at the receiver (2 per id), \
          {} attempts recorded by {senders} replica(s), all delivered in {took:?}",
@@ -1172,6 +1217,7 @@ both_stores!(
     one_event_per_completion,
     retries_keep_the_id,
     delivered_after_sigkill,
+    another_replica_sends_after_a_kill,
     delivered_after_receiver_outage,
     replicas_never_share_an_attempt,
 );
