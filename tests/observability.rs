@@ -377,8 +377,43 @@ async fn counters_exist_from_the_first_scrape(backend: Backend) {
     }
 }
 
+/// Every replica reports the same per-queue figures (read from the
+/// database, not counted in the process): the README tells operators to
+/// aggregate them with `max`.
+async fn replicas_report_the_same_queue_figures(backend: Backend) {
+    let one = spawn_app(backend).await;
+    let two = one.replica().await;
+    let r = one
+        .put("/v1/parents/M-1", json!({"queue": "same", "children": children(10)}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let r = two.post("/v1/queues/same/claims", json!({"limit": 3})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let series = [
+        "child_ledger_queue_children{queue=\"same\",state=\"pending\"}",
+        "child_ledger_queue_children{queue=\"same\",state=\"in_flight\"}",
+    ];
+    let started = std::time::Instant::now();
+    loop {
+        let mut seen = Vec::new();
+        for app in [&one, &two] {
+            let text = app.get("/metrics").await.body.as_str().unwrap().to_owned();
+            seen.push(series.map(|s| expect_sample(&text, s)));
+        }
+        if seen.iter().all(|figures| *figures == [7.0, 3.0]) {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "the replicas report {seen:?}, not [7, 3] each"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 both_stores!(
     counters_exist_from_the_first_scrape,
+    replicas_report_the_same_queue_figures,
     metrics_count_what_happened,
     completions_are_counted_once,
     every_response_carries_a_request_id,
