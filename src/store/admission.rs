@@ -455,7 +455,7 @@ impl Store {
 /// The queues and keys whose limits held a claim back in the last second,
 /// on this replica: a claim there is admitted before it takes children;
 /// elsewhere it takes them first and is admitted after, so that the queue's
-/// turn lasts only for the count (see `store::postgres::claims`). A guess
+/// turn lasts only for the count (see `store::postgres::lane_claim`). A guess
 /// about cost, never about what is allowed: either way the count decides.
 #[derive(Debug, Default)]
 pub(crate) struct Binding(Mutex<HashMap<(String, String), Instant>>);

@@ -57,7 +57,7 @@ pub use parents::{ParentFilter, ParentHas, ParentPage};
 /// `$5` lease seconds), `$6` the lane's floor, `$7` whether given-back
 /// children are due and `$8` the lane's queue; the queue's lanes bind `$1`
 /// queue, `$2` how many.
-pub use postgres::claims::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
+pub use postgres::lane_claim::{LANE_CLAIM as POSTGRES_LANE_CLAIM, QUEUE_LANES as POSTGRES_QUEUE_LANES};
 pub use reconcile::SweepQuery;
 pub use reconcile_jobs::{JobLease, JobStep};
 pub use search::{ChildFilter, ChildSearch, SearchKey};

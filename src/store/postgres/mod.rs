@@ -4,8 +4,9 @@
 //! the dialect, how statements run, work notifications and planner
 //! statistics; the statements whose shape is Postgres' own live by resource.
 
-pub(super) mod claims;
+mod claims;
 mod held;
+pub(super) mod lane_claim;
 mod outcomes;
 mod parents;
 mod pooler;
@@ -216,11 +217,11 @@ impl PgStore {
     async fn wrap_hot_statements(&self) -> anyhow::Result<()> {
         self.pool
             .wrap_hot_statements(&[
-                claims::LANE_CLAIM,
-                claims::QUEUE_LANES[0],
-                claims::QUEUE_LANES[1],
-                claims::QUEUE_LANES[2],
-                claims::QUEUE_LANES[3],
+                lane_claim::LANE_CLAIM,
+                lane_claim::QUEUE_LANES[0],
+                lane_claim::QUEUE_LANES[1],
+                lane_claim::QUEUE_LANES[2],
+                lane_claim::QUEUE_LANES[3],
                 outcomes::APPLY_OUTCOMES.as_str(),
             ])
             .await

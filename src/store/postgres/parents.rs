@@ -32,7 +32,7 @@ fn child_arrays(children: &[NewChild]) -> ChildArrays<'_> {
 #[async_trait]
 impl ChildWrites for PgTx {
     // A cancel locks the parent's lane before its children, as every
-    // statement that moves open children does (see `claims::lane_claim`).
+    // statement that moves open children does (see `lane_claim`).
     /// While a parent decomposes its rows are untouched, so key, payload and
     /// skip reason are the whole content.
     async fn differing_sequences(&mut self, parent_id: &ParentId, chunk: &[NewChild]) -> StoreResult<Vec<i64>> {
