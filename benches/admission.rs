@@ -5,6 +5,10 @@
 //!   keys by 8 HTTP workers (claims of 100), with queue and per-key limits
 //!   set too high to bind, against the same burn-down with no limits, run
 //!   before and after it (the baseline is their mean). Target >= 0.9.
+//! - `admission.unbound.node_mixed`: the same comparison in the shape users
+//!   run: two big parents and many small ones (100 children) mixed on one
+//!   queue over 20 keys, drained by the plain Node `fetch` worker (claims of
+//!   100). Target >= 0.9.
 //! - `admission.rate`: a queue limited to R children/s (a fifth of the
 //!   unlimited rate, burst R/10), claimed by 8 long-polling workers that
 //!   never post outcomes, so every lease row stays with its `claimed_at`.
@@ -24,7 +28,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::Connection;
 
-use super::cost::{TICK_US, machine_ticks, postgres_ticks, process_ticks};
+use super::cost::{TICK_US, machine_ticks, node_worker, postgres_ticks, process_ticks};
 use super::{ClaimReply, Scenario, ScratchDb, Service, WORKERS, burn_down_http, post_processed, put_raw, settle};
 
 const KEYS: usize = 20;
@@ -112,6 +116,51 @@ async fn keyed_burn(admin_url: &str, tag: &str, n: usize, limits: Option<Value>)
     let per_child = |a: u64, b: u64| b.saturating_sub(a) as f64 * TICK_US / n as f64;
     Burn {
         rate,
+        machine_us: per_child(before.0, after.0),
+        postgres_us: per_child(before.1, after.1),
+        service_us: per_child(before.2, after.2),
+    }
+}
+
+/// The shape users run: `n` children in two big parents (two fifths of
+/// them each) and small ones of 100 (the last fifth) mixed on one queue,
+/// each parent with one of 20 flow keys, drained by the plain Node `fetch`
+/// worker (claims of 100); `limits` set first when given.
+async fn mixed_node_burn(admin_url: &str, tag: &str, n: usize, limits: Option<Value>) -> Burn {
+    let db = ScratchDb::create(admin_url, tag).await;
+    let service = Service::start(&db.url).await;
+    if let Some(limits) = limits {
+        set_limits(&service.base, "mixed", limits).await;
+    }
+    let client = reqwest::Client::new();
+    let big = n * 2 / 5;
+    let small = (n - 2 * big) / 100;
+    let sizes = [big, big].into_iter().chain(std::iter::repeat_n(100, small));
+    let mut registered = 0;
+    for (p, size) in sizes.enumerate() {
+        let children: Vec<Value> = (0..size).map(|i| json!({"payload": {"n": i}})).collect();
+        let body = json!({"queue": "mixed", "flow_key": format!("k{}", p % KEYS), "children": children});
+        let status = put_raw(
+            &client,
+            &format!("{}/v1/parents/mixed-{p}", service.base),
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+        assert!(status.is_success(), "register: {status}");
+        registered += size;
+    }
+    settle(&db.url).await;
+    let ticks = || (machine_ticks(), postgres_ticks(), process_ticks(service.pid));
+    let before = ticks();
+    let started = Instant::now();
+    let node = node_worker(&service.base, "mixed", 100, registered).await;
+    let drained = started.elapsed();
+    let after = ticks();
+    service.stop().await;
+    db.drop_now().await;
+    let per_child = |a: u64, b: u64| b.saturating_sub(a) as f64 * TICK_US / registered as f64;
+    Burn {
+        rate: node.children_per_second.min(registered as f64 / drained.as_secs_f64()),
         machine_us: per_child(before.0, after.0),
         postgres_us: per_child(before.1, after.1),
         service_us: per_child(before.2, after.2),
@@ -250,11 +299,20 @@ pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) 
     let high = json!({"max_in_flight": 1_000_000_000, "per_second": 1_000_000, "burst": 1_000_000_000,
         "per_key": {"max_in_flight": 1_000_000_000, "per_second": 1_000_000, "burst": 1_000_000_000}});
     let before = keyed_burn(admin_url, "admfree", n, None).await;
-    let bound = keyed_burn(admin_url, "admhigh", n, Some(high)).await;
+    let bound = keyed_burn(admin_url, "admhigh", n, Some(high.clone())).await;
     let after = keyed_burn(admin_url, "admfree2", n, None).await;
     eprintln!("admission.unbound: no limits: {before}\n  limits that never bind: {bound}\n  no limits again: {after}");
     let unlimited = Burn::mean(before, after);
     let free = unlimited.rate;
+
+    eprintln!("admission.unbound.node_mixed: big and small parents over 20 keys, the Node worker, {n} children ...");
+    let node_before = mixed_node_burn(admin_url, "admnode", n, None).await;
+    let node_bound = mixed_node_burn(admin_url, "admnodehigh", n, Some(high)).await;
+    let node_after = mixed_node_burn(admin_url, "admnode2", n, None).await;
+    eprintln!(
+        "admission.unbound.node_mixed: no limits: {node_before}\n  limits that never bind: {node_bound}\n  no limits again: {node_after}"
+    );
+    let node_free = Burn::mean(node_before, node_after);
 
     let rate = (free / 5.0).round().max(10.0);
     let burst = (rate / 10.0).round().max(1.0);
@@ -288,6 +346,12 @@ pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) 
             .target(">= 0.9"),
         Scenario::new("admission.unbound.cpu", "CPU µs per child, machine", bound.machine_us)
             .against("the same burn-down, no limits", unlimited.machine_us)
+            .target("<= 1.11"),
+        Scenario::new("admission.unbound.node_mixed", "children/s", node_bound.rate)
+            .against("the same burn-down, no limits", node_free.rate)
+            .target(">= 0.9"),
+        Scenario::new("admission.unbound.node_mixed.cpu", "CPU µs per child, machine", node_bound.machine_us)
+            .against("the same burn-down, no limits", node_free.machine_us)
             .target("<= 1.11"),
         Scenario::new("admission.unbound.postgres_cpu", "CPU µs per child, Postgres", bound.postgres_us)
             .against("the same burn-down, no limits", unlimited.postgres_us)

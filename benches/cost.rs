@@ -184,12 +184,12 @@ impl Cost {
 }
 
 #[derive(Debug, Deserialize)]
-struct NodeResult {
-    children_per_second: f64,
+pub(super) struct NodeResult {
+    pub children_per_second: f64,
 }
 
 /// Runs the Node worker of `peers/ledger.mjs` to the end.
-async fn node_worker(base: &str, queue: &str, batch: usize, children: usize) -> NodeResult {
+pub(super) async fn node_worker(base: &str, queue: &str, batch: usize, children: usize) -> NodeResult {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers");
     let output = tokio::process::Command::new("node")
         .args([
