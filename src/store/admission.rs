@@ -2,13 +2,17 @@
 //! after its lane's turn, the limits of the lane's queue and flow key are
 //! read and what is in flight under them is counted; the claim takes what
 //! `ledger::admission::admit` allows, then spends the buckets and stamps its
-//! key served.
+//! key served. The count comes before the claim statement (SQLite; Postgres
+//! where limits bind lately, see `Binding`) or after it, its own leases then
+//! counted as its own (Postgres elsewhere): a claim that took more than it
+//! may rolls back.
 //!
 //! Exact across replicas: a claim in a limited queue locks the queue's
-//! `flow_limit` row first (SQLite's writes take turns already), so the count
-//! it reads next sees every claim that came before it, committed. What is in
-//! flight is the sum of `claim_lease.open` over leases that have not run
-//! out: an outcome, a release or an expiry frees a slot without a write here.
+//! `flow_limit` row before it counts (SQLite's writes take turns already),
+//! so the count, a statement of its own after the lock, sees every claim
+//! that came before it, committed. What is in flight is the sum of
+//! `claim_lease.open` over leases that have not run out: an outcome, a
+//! release or an expiry frees a slot without a write here.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,7 +31,8 @@ use crate::ledger::{QueueName, Work};
 /// then releases the row without waiting for its flush (on Postgres): the
 /// claims of a limited queue take turns on it, and waiting for the disk
 /// inside each turn kept them in single file for as long (limits that never
-/// bind cost 0.85-0.88 of a burn-down without limits, against 0.90-0.91).
+/// bind cost 0.85-0.88 of a burn-down without limits, against 0.90-0.91, in
+/// a quick A/B; `benches/RESULTS.md`).
 /// The claim is answered only once it is flushed (`Admission::unflushed`).
 /// Another claim may count its lease before that: after a crash that lost
 /// it, that claim took less than it could have, never more.

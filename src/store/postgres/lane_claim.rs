@@ -2,21 +2,24 @@
 //! claimable children leased in one statement, and, in a limited queue,
 //! admission (`store::admission`) after the claim or, where limits bind,
 //! before it. Every statement that locks rows locks rows of one parent,
-//! except the limited queue's own `flow_limit` row.
+//! except, in a limited queue, its `flow_limit` rows (its own and its key's).
 
+use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
 use super::{POSTGRES, PgStore, PgTx};
 use crate::ledger::admission::HeldBy;
 use crate::ledger::{ParentId, QueueName};
-use crate::store::StoreResult;
 use crate::store::admission::Admission;
 use crate::store::backend::LaneClaimParams;
 use crate::store::error::retry_transient;
 use crate::store::reports::{LaneAsk, LaneClaim, LaneTurn};
+use crate::store::{StoreError, StoreResult};
 
 /// Takes a claim's turn on parent `$1`'s lane: locks its row, waiting for
 /// the claim of the same parent ahead of it (or, with `SKIP LOCKED`, passing
@@ -168,10 +171,10 @@ struct Unflushed {
 /// Rewrites the lease rows of claims `$1` on parent `$2` (stamped made at
 /// `$3` when given), in a transaction of its own that waits for its flush
 /// (every commit's does, `synchronous_commit` being on): the flush takes the
-/// log up to this commit, past the claim's own commit before it. Nobody
-/// else writes those rows before the claim is answered, so it waits for no
-/// lock; had an expiry's sweep deleted them, that sweep's own commit
-/// flushed the log.
+/// log up to this commit, past the claim's own commit before it. An update
+/// that finds no row writes nothing and flushes nothing: fewer rows than
+/// leases means the claim's commit may have been lost (the server crashed
+/// or was replaced before its flush), and the claim is not answered.
 const FLUSHED: &str = "UPDATE claim_lease SET claimed_at = coalesce($3, claimed_at) \
     WHERE claim_id = ANY($1) AND parent_id = $2";
 
@@ -200,10 +203,10 @@ impl PgStore {
                 break;
             }
         }
-        if let Some(Taken::Rows(rows, asks, _, Some(unflushed))) = &taken
+        if let Some(Taken::Rows(rows, _, _, Some(unflushed))) = &taken
             && !rows.is_empty()
         {
-            self.durable(asks, parent_id, unflushed).await?;
+            self.durable(rows, parent_id, unflushed).await?;
         }
         match taken {
             None | Some(Taken::Overshot) => Ok(asks.iter().map(|_| LaneClaim::default()).collect()),
@@ -341,16 +344,26 @@ impl PgStore {
     }
 
     /// Returns once a claim committed without waiting for its flush
-    /// (`store::admission::LOCK_QUEUE`) is on disk: the answer to a claim is durable, as
-    /// every answer is.
-    async fn durable(&self, asks: &[LaneAsk], parent_id: &ParentId, unflushed: &Unflushed) -> StoreResult<()> {
-        let claims: Vec<Uuid> = asks.iter().map(|a| a.claim_id).collect();
-        sqlx::query(FLUSHED)
+    /// (`store::admission::LOCK_QUEUE`) is on disk, its leases (one per
+    /// claim among `rows`) found: the answer to a claim is durable, as every
+    /// answer is. Leases not found: `Unavailable` (the worker claims again).
+    async fn durable(&self, rows: &[PgRow], parent_id: &ParentId, unflushed: &Unflushed) -> StoreResult<()> {
+        let claims: BTreeSet<Uuid> = rows.iter().map(|r| r.try_get("claim_id")).collect::<Result<_, _>>()?;
+        let claims: Vec<Uuid> = claims.into_iter().collect();
+        let found = sqlx::query(FLUSHED)
             .bind(&claims)
             .bind(parent_id.as_str())
             .bind(unflushed.metered_at)
             .execute(&self.pool)
-            .await?;
+            .await?
+            .rows_affected();
+        if found < claims.len() as u64 {
+            return Err(StoreError::Unavailable(sqlx::Error::Protocol(format!(
+                "{found} of the {} leases of a claim on {parent_id} were found after its commit: \
+                 the commit was lost before its flush",
+                claims.len()
+            ))));
+        }
         Ok(())
     }
 }
