@@ -426,22 +426,33 @@ async fn two_pruners_delete_a_parent_once(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(children_left, 0);
-    let mut pruned = Vec::new();
-    for service in [&one, &two] {
-        let metrics = client
-            .get(format!("{}/metrics", service.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let line = metrics
-            .lines()
-            .find(|l| l.starts_with("child_ledger_pruned_total "))
-            .unwrap_or_else(|| panic!("no child_ledger_pruned_total: {metrics}"));
-        pruned.push(line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap());
+    // Each replica counts a parent once its deletion committed: read both
+    // until they add up, then once more to see that nothing more is counted.
+    let pruned_counts = || async {
+        let mut pruned = Vec::new();
+        for service in [&one, &two] {
+            let metrics = client
+                .get(format!("{}/metrics", service.base))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let line = metrics
+                .lines()
+                .find(|l| l.starts_with("child_ledger_pruned_total "))
+                .unwrap_or_else(|| panic!("no child_ledger_pruned_total: {metrics}"));
+            pruned.push(line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap());
+        }
+        pruned
+    };
+    let counted = Instant::now();
+    while pruned_counts().await.iter().sum::<u64>() < PARENTS as u64 && counted.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pruned = pruned_counts().await;
     println!(
         "[{backend:?}] {PARENTS} complete parents of 3,000 children pruned by two replicas in {:?}: {} and {}",
         started.elapsed(),

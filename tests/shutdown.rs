@@ -574,7 +574,7 @@ async fn the_grace_period_ends_the_process(backend: Backend) {
     stalled.write_all(head.as_bytes()).await.unwrap();
     stalled.flush().await.unwrap();
     // The request is in the handler, reading its body.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let signalled = Instant::now();
     let status = service.terminate(Duration::from_secs(20)).await;
     let exited_after = signalled.elapsed();

@@ -600,7 +600,11 @@ async fn another_replica_sends_after_a_kill(backend: Backend) {
     let receiver = Receiver::start().await;
     receiver.script("handover", &[Answer::Hang]);
     let db = TestDatabase::new(backend).await;
-    let flags = webhook_flags(receiver.port, "300,300,300");
+    // An attempt times out after 5 s (its lease: 10 s), long enough for the
+    // second replica to start before the first is killed mid-attempt.
+    let mut flags = webhook_flags(receiver.port, "300,300,300");
+    let timeout = flags.iter().position(|f| f == "--webhook-timeout-ms").unwrap() + 1;
+    flags[timeout] = "5000".to_owned();
     let mut first = start_service("handover-first", &db, &flags).await;
     complete_by_outcomes(&first.base, "KH-1", 10, Some(&receiver.url("handover"))).await;
     eventually(
@@ -631,7 +635,7 @@ async fn another_replica_sends_after_a_kill(backend: Backend) {
         1
     );
     eprintln!(
-        "webhooks[{backend:?}]: the sending replica killed mid-attempt; the other delivered {took:?} after the kill (lease 3 s)"
+        "webhooks[{backend:?}]: the sending replica killed mid-attempt; the other delivered {took:?} after the kill (lease 10 s)"
     );
 }
 
