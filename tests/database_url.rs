@@ -133,3 +133,110 @@ async fn processes_starting_on_one_new_sqlite_file_all_start() {
         );
     }
 }
+
+/// Several hosts, as libpq writes them: a host that is down, first in the
+/// list, is passed by, and the service serves from the next; an unsupported
+/// `target_session_attrs` ends the process at once, naming it.
+#[tokio::test]
+async fn a_host_down_first_in_the_list_is_passed_by() {
+    if !postgres_available().await {
+        return;
+    }
+    let db = TestDatabase::new(Backend::Postgres).await;
+    let (scheme_user, rest) = db.url.split_once('@').unwrap();
+    let (host, database) = rest.split_once('/').unwrap();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let url = format!("{scheme_user}@{dead},{host}/{database}");
+    let service = ServiceProcess::start("two-hosts", &url, &[]).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let r = client
+        .put(format!("{}/v1/parents/H-1", service.base))
+        .json(&serde_json::json!({"queue": "hosts", "children": children(3)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+    let r = client
+        .post(format!("{}/v1/queues/hosts/claims", service.base))
+        .json(&serde_json::json!({"limit": 10}))
+        .send()
+        .await
+        .unwrap();
+    let claim: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(claim["children"].as_array().unwrap().len(), 3, "{claim}");
+
+    let (ok, text) = exits_with(&with_query(&url, "target_session_attrs=standby"))
+        .await
+        .expect("an unsupported target_session_attrs ends the process");
+    assert!(!ok && text.contains("target_session_attrs=standby"), "{text}");
+}
+
+/// A database that turns read-only under the service (as a primary demoted
+/// by a failover does) is answered `503` with `Retry-After`, never `500`;
+/// writable again, it is served again without a restart.
+#[tokio::test]
+async fn a_read_only_database_is_503_not_500() {
+    if !postgres_available().await {
+        return;
+    }
+    let db = TestDatabase::new(Backend::Postgres).await;
+    let database = db.url.rsplit('/').next().unwrap().to_owned();
+    let service = ServiceProcess::start("read-only", &db.url, &[]).await;
+    service.ready().await;
+    let store = db.store().await;
+    let reconnect_all = |setting: &'static str| {
+        let (store, database) = (&store, database.clone());
+        async move {
+            store
+                .execute_raw(&format!(
+                    "BEGIN READ WRITE; ALTER DATABASE \"{database}\" {setting}; COMMIT"
+                ))
+                .await
+                .unwrap();
+            store
+                .execute_raw(&format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+                ))
+                .await
+                .unwrap();
+        }
+    };
+    reconnect_all("SET default_transaction_read_only = on").await;
+    let client = reqwest::Client::new();
+    let register = |parent: &'static str| {
+        client
+            .put(format!("{}/v1/parents/{parent}", service.base))
+            .json(&serde_json::json!({"queue": "ro", "children": children(2)}))
+            .send()
+    };
+    let mut refused = 0;
+    for _ in 0..5 {
+        let r = register("RO-1").await.unwrap();
+        let status = r.status();
+        let retry_after = r.headers().get("retry-after").is_some();
+        let body = r.text().await.unwrap();
+        assert_eq!(status, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(retry_after, "a 503 carries Retry-After: {body}");
+        refused += 1;
+    }
+    reconnect_all("RESET default_transaction_read_only").await;
+    let started = Instant::now();
+    loop {
+        let status = register("RO-1").await.unwrap().status();
+        if status == reqwest::StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(status, reqwest::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still refused when writable again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "read-only: {refused} writes answered 503; writable again, served after {:?}",
+        started.elapsed()
+    );
+}

@@ -166,10 +166,12 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
         // of theirs): another process held the file too long; retrying is right.
         // A statement cut short by `--statement-timeout-seconds` (Postgres
         // 57014 query_canceled, SQLite 9 SQLITE_INTERRUPT): the database is too
-        // slow to answer now, which a later try may not be.
+        // slow to answer now, which a later try may not be. 25006
+        // read_only_sql_transaction: the host is a standby, or a primary
+        // demoted by a failover; retried later, never at once on the same host.
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             code.starts_with("08")
-                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "57014")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "57014" | "25006")
                 // SQLite's extended codes keep the primary code in the low byte.
                 || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 9))
         }),

@@ -6,6 +6,7 @@
 
 mod claims;
 mod held;
+mod hosts;
 pub(super) mod lane_claim;
 mod outcomes;
 mod parents;
@@ -136,6 +137,7 @@ impl PgStore {
         // Statements are spans of their own (`statement::span`); sqlx's log
         // line for each (its text summarised and formatted) was built for
         // every statement whenever trace export was on. Slow ones still warn.
+        let url = hosts::Hosts::parse(url)?.pick().await?;
         let parsed = url.parse::<PgConnectOptions>()?.log_statements(log::LevelFilter::Off);
         let (connect, session, pool_size) = if options.behind_transaction_pooler {
             // No startup parameter a pooler may refuse (sqlx's
@@ -161,7 +163,10 @@ impl PgStore {
                 session: Arc::new(session),
                 wrapped: Arc::default(),
             },
-            direct_url: options.direct_url.clone(),
+            direct_url: match &options.direct_url {
+                Some(direct) => Some(hosts::Hosts::parse(direct)?.pick().await?),
+                None => None,
+            },
             bound: Arc::default(),
         })
     }
