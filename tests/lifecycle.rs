@@ -21,6 +21,23 @@ async fn claim(app: &TestApp, path: &str, body: Value) -> Value {
     r.body
 }
 
+/// A claim of up to 10 that waits up to `wait_seconds`, in the background:
+/// how long it waited, and its answer.
+fn long_poll(app: &TestApp, path: &str, wait_seconds: u64) -> tokio::task::JoinHandle<(Duration, Value)> {
+    let (client, url) = (app.client.clone(), format!("{}{path}", app.base));
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let r = client
+            .post(url)
+            .json(&json!({"limit": 10, "wait_seconds": wait_seconds}))
+            .send()
+            .await
+            .unwrap();
+        let body: Value = r.json().await.unwrap();
+        (started.elapsed(), body)
+    })
+}
+
 fn taken(claim: &Value) -> usize {
     claim["children"].as_array().unwrap().len()
 }
@@ -132,20 +149,7 @@ async fn pause_holds_claims_until_resumed(backend: Backend) {
     let parent_claim = claim(&app, "/v1/parents/Z-1/claims", json!({"limit": 10})).await;
     assert_eq!(taken(&parent_claim), 0, "{parent_claim}");
 
-    let waiting = {
-        let (client, url) = (app.client.clone(), format!("{}/v1/queues/pz/claims", app.base));
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let r = client
-                .post(url)
-                .json(&json!({"limit": 10, "wait_seconds": 15}))
-                .send()
-                .await
-                .unwrap();
-            let body: Value = r.json().await.unwrap();
-            (started.elapsed(), body)
-        })
-    };
+    let waiting = long_poll(&app, "/v1/queues/pz/claims", 15);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let r = app.post("/v1/queues/pz/resume", json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
@@ -186,20 +190,7 @@ async fn pause_is_honoured_by_every_replica(backend: Backend) {
         "the other replica's parent claim: {parent_claim}"
     );
 
-    let waiting = {
-        let (client, url) = (two.client.clone(), format!("{}/v1/queues/pr/claims", two.base));
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let r = client
-                .post(url)
-                .json(&json!({"limit": 10, "wait_seconds": 20}))
-                .send()
-                .await
-                .unwrap();
-            let body: Value = r.json().await.unwrap();
-            (started.elapsed(), body)
-        })
-    };
+    let waiting = long_poll(&two, "/v1/queues/pr/claims", 20);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let r = one.post("/v1/queues/pr/resume", json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");

@@ -53,18 +53,20 @@ impl Held {
         Ok(held)
     }
 
-    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
         let commit = self.commit;
-        self.execute(commit).await?;
-        self.in_transaction = false;
-        self.conn.take();
-        Ok(())
+        self.end(commit).await
     }
 
     /// Undoes the transaction and gives the connection back to the pool.
-    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
         let rollback = self.rollback;
-        self.execute(rollback).await?;
+        self.end(rollback).await
+    }
+
+    /// Ends the transaction with `sql` and gives the connection back.
+    async fn end(mut self, sql: &'static str) -> Result<(), sqlx::Error> {
+        self.execute(sql).await?;
         self.in_transaction = false;
         self.conn.take();
         Ok(())
