@@ -7,6 +7,7 @@
 
 mod claims;
 mod held;
+mod lane_claim;
 mod outcomes;
 mod parents;
 mod reconcile;
