@@ -76,6 +76,9 @@ pub enum ApiError {
     /// The service is still reaching its database (or migrating it).
     #[error("the service is still connecting to its database; retry later")]
     Starting,
+    /// The database cannot hold the ledger now, with why (on `/readyz`).
+    #[error("the database is not ready: {0}")]
+    NotReady(String),
     /// Any other error status from the HTTP layer, kept with its own text.
     #[error("{detail}")]
     Http { status: StatusCode, detail: String },
@@ -122,7 +125,9 @@ impl ApiError {
             | Self::OutcomeConflict { .. }
             | Self::ClaimMismatch(_)
             | Self::RetryConflict { .. } => StatusCode::CONFLICT,
-            Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting | Self::NotReady(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::TooManyWaiting(_) | Self::TooManyStreams(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Http { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -153,7 +158,7 @@ impl ApiError {
             Self::OutcomeConflict { .. } => "outcome-conflict",
             Self::ClaimMismatch(_) => "claim-mismatch",
             Self::RetryConflict { .. } => "retry-conflict",
-            Self::Unavailable(_) | Self::Starting => "database-unavailable",
+            Self::Unavailable(_) | Self::Starting | Self::NotReady(_) => "database-unavailable",
             Self::TimedOut(_) => "request-timeout",
             Self::TooManyWaiting(_) => "too-many-waiting-claims",
             Self::TooManyStreams(_) => "too-many-event-streams",
@@ -184,7 +189,7 @@ impl ApiError {
             Self::OutcomeConflict { .. } => "A different outcome already won",
             Self::ClaimMismatch(_) => "Claim does not hold this child",
             Self::RetryConflict { .. } => "Child cannot be retried",
-            Self::Unavailable(_) | Self::Starting => "Database unavailable",
+            Self::Unavailable(_) | Self::Starting | Self::NotReady(_) => "Database unavailable",
             Self::TimedOut(_) => "Request timed out",
             Self::TooManyWaiting(_) => "Too many waiting claims",
             Self::TooManyStreams(_) => "Too many event streams",
@@ -305,6 +310,7 @@ impl From<StoreError> for ApiError {
             StoreError::SealMismatch { total, missing, extra } => Self::SealMismatch { total, missing, extra },
             StoreError::RetryConflict { child } => Self::RetryConflict { child },
             StoreError::Unavailable(err) => Self::Unavailable(err),
+            StoreError::NotReady(why) => Self::NotReady(why),
             StoreError::Db(err) => Self::Internal(anyhow::Error::new(err)),
         }
     }

@@ -12,7 +12,7 @@
 //!    replica takes over at once.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -34,6 +34,8 @@ pub struct Application {
     backend: &'static str,
     address: SocketAddr,
     ready: Arc<OnceLock<axum::Router>>,
+    /// Why the database cannot be used yet, for `/readyz`.
+    why: Arc<Mutex<Option<String>>>,
     stopping: Arc<watch::Sender<bool>>,
     server: JoinHandle<std::io::Result<()>>,
 }
@@ -85,6 +87,7 @@ impl Application {
         let address = listener.local_addr()?;
         tracing::info!(listen = %address, "serving HTTP");
         let ready = Arc::new(OnceLock::new());
+        let why = Arc::default();
         let stopping = Arc::new(watch::Sender::new(false));
         let bounds = ServeOptions {
             header_read_timeout: Duration::from_secs(config.header_read_timeout_seconds),
@@ -93,7 +96,7 @@ impl Application {
         let mut stop = stopping.subscribe();
         let server = tokio::spawn(crate::server::serve(
             listener,
-            until_ready(ready.clone(), backend),
+            until_ready(ready.clone(), backend, Arc::clone(&why)),
             bounds,
             async move {
                 let _ = stop.wait_for(|stopping| *stopping).await;
@@ -105,6 +108,7 @@ impl Application {
             backend,
             address,
             ready,
+            why,
             stopping,
             server,
         })
@@ -125,7 +129,7 @@ impl Application {
         let options = self.config.store_options()?;
         let mut stop = self.stopping.subscribe();
         let store = tokio::select! {
-            store = connect_with_backoff(&self.config.database.database_url, &options) => store?,
+            store = connect_with_backoff(&self.config.database.database_url, &options, &self.why) => store?,
             _ = stop.wait_for(|stopping| *stopping) => {
                 self.server.await??;
                 return Ok(None);
@@ -245,7 +249,7 @@ impl Running {
 
 /// Connects, retrying with backoff while the database is not up yet; an
 /// error no retry can fix ends the process with what to change.
-async fn connect_with_backoff(url: &str, options: &StoreOptions) -> anyhow::Result<Store> {
+async fn connect_with_backoff(url: &str, options: &StoreOptions, why: &Mutex<Option<String>>) -> anyhow::Result<Store> {
     let mut delay = Duration::from_millis(250);
     loop {
         match Store::connect_with(url, options).await {
@@ -254,6 +258,7 @@ async fn connect_with_backoff(url: &str, options: &StoreOptions) -> anyhow::Resu
                 if let Some(what_to_change) = permanent_connect_error(&err) {
                     anyhow::bail!("cannot use the database: {what_to_change}");
                 }
+                *why.lock().expect("reason lock") = Some(format!("{err:#}"));
                 tracing::warn!(
                     error = format!("{err:#}"),
                     retry_in_ms = delay.as_millis() as u64,

@@ -29,6 +29,11 @@ pub struct Health {
     pub status: String,
     /// `postgres` or `sqlite`.
     pub store: String,
+    /// On `/readyz` with Postgres: the host (`host:port`) the ledger is on,
+    /// the writable one of the database URL's hosts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "db-a:5432")]
+    pub host: Option<String>,
 }
 
 /// Liveness: the process is up.
@@ -37,24 +42,28 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
     Json(Health {
         status: "ok".to_owned(),
         store: state.store.backend().to_owned(),
+        host: None,
     })
 }
 
-/// Readiness: the database answers.
+/// Readiness: the database answers and can hold the ledger (on Postgres, a
+/// writable host, named in `host`). A 503 says why not: still connecting,
+/// or, with several hosts, no writable one found yet.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
         (status = 200, body = Health),
-        (status = 503, description = "The database does not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer, or no host of it is writable (the problem's detail says which)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
-    state.store.ping().await?;
+    let host = state.store.ping().await?;
     Ok(Json(Health {
         status: "ready".to_owned(),
         store: state.store.backend().to_owned(),
+        host,
     }))
 }
 

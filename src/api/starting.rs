@@ -3,7 +3,7 @@
 //! restart it in a loop; readiness and every other route answer `503` with
 //! `Retry-After` until the ledger is connected and migrated.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::Request;
 use axum::routing::get;
@@ -16,14 +16,26 @@ use super::ops::Health;
 use crate::error::ApiError;
 
 /// Serves `ready` once it is set, and the starting answers until then.
-pub fn until_ready(ready: Arc<OnceLock<Router>>, backend: &'static str) -> Router {
+/// `why` holds the last reason the database could not be used, which
+/// `/readyz` gives.
+pub fn until_ready(ready: Arc<OnceLock<Router>>, backend: &'static str, why: Arc<Mutex<Option<String>>>) -> Router {
     let starting = Router::new()
+        .route(
+            "/readyz",
+            get(move || async move {
+                match why.lock().expect("reason lock").clone() {
+                    Some(why) => ApiError::NotReady(why),
+                    None => ApiError::Starting,
+                }
+            }),
+        )
         .route(
             "/healthz",
             get(move || async move {
                 Json(Health {
                     status: "ok".to_owned(),
                     store: backend.to_owned(),
+                    host: None,
                 })
             })
             .fallback(|| async { ApiError::Starting }),

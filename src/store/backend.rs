@@ -39,7 +39,9 @@ pub(crate) trait Connection: Send + Sync + std::fmt::Debug {
     /// Applies this backend's embedded migrations (sqlx's migrator is not
     /// `Send`; it runs before the service serves).
     fn migrate(&self) -> LocalBoxFuture<'_, anyhow::Result<()>>;
-    async fn ping(&self) -> StoreResult<()>;
+    /// Whether the database answers and can hold the ledger; `Some` host
+    /// (`host:port`) where there may be several to choose from.
+    async fn ping(&self) -> StoreResult<Option<String>>;
     /// Each pool's size, idle connections and maximum.
     fn pool_stats(&self) -> Vec<PoolStats>;
     /// A write transaction (on SQLite it holds the one write lock).

@@ -2,7 +2,20 @@
 //! a row that is not there, or the database itself failing. No user-facing
 //! text lives here; `crate::error` words each kind once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Notify;
+
 use crate::ledger::{Child, ParentId};
+
+/// Woken whenever a statement in this process lost its connection or met a
+/// read-only host: the Postgres store then checks its host at once (see
+/// `postgres::primary`) instead of at its next periodic check.
+pub(crate) static DATABASE_LOST: Notify = Notify::const_new();
+
+/// A statement met a read-only host (25006): the connections the pool holds
+/// are retired even if the check that follows lands on a good one.
+pub(crate) static READ_ONLY_SEEN: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -38,6 +51,10 @@ pub enum StoreError {
     /// The database, or the connection to it, is gone: retrying later is right.
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// The database answers but cannot hold the ledger now (no writable host
+    /// is in use), with why, for `/readyz`.
+    #[error("the database is not ready: {0}")]
+    NotReady(String),
     /// Anything else the database said.
     #[error(transparent)]
     Db(sqlx::Error),
@@ -105,6 +122,9 @@ pub fn permanent_connect_error(err: &anyhow::Error) -> Option<String> {
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         if is_unavailable(&err) {
+            if is_lost(&err) {
+                DATABASE_LOST.notify_waiters();
+            }
             Self::Unavailable(err)
         } else {
             Self::Db(err)
@@ -117,7 +137,7 @@ impl StoreError {
     pub(crate) fn shared_copy(&self) -> Self {
         let err = sqlx::Error::Protocol(format!("a combined statement failed: {self}"));
         match self {
-            Self::Unavailable(_) => Self::Unavailable(err),
+            Self::Unavailable(_) | Self::NotReady(_) => Self::Unavailable(err),
             _ => Self::Db(err),
         }
     }
@@ -174,6 +194,23 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
                 || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "57014" | "25006")
                 // SQLite's extended codes keep the primary code in the low byte.
                 || code.parse::<u32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 9))
+        }),
+        _ => false,
+    }
+}
+
+/// Whether an unavailable error says the host itself is gone or read-only
+/// (not merely slow or busy): the store should look for the primary. A
+/// read-only answer is remembered, so that the pool's connections to that
+/// host are retired.
+fn is_lost(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            if code == "25006" {
+                READ_ONLY_SEEN.store(true, Ordering::Relaxed);
+            }
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "25006")
         }),
         _ => false,
     }

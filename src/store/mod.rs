@@ -219,8 +219,9 @@ impl Store {
         self.db.migrate().await
     }
 
-    /// Whether the database answers.
-    pub async fn ping(&self) -> StoreResult<()> {
+    /// Whether the database answers and can hold the ledger: the Postgres
+    /// host in use, if any.
+    pub async fn ping(&self) -> StoreResult<Option<String>> {
         self.db.ping().await
     }
 

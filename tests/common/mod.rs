@@ -2,6 +2,7 @@
 //! fresh database (a new Postgres database or a new SQLite file) and talks HTTP.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod examples;
 pub mod pgbouncer;
 pub mod process;
@@ -52,7 +53,7 @@ fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
-fn postgres_required() -> bool {
+pub fn postgres_required() -> bool {
     std::env::var("LEDGER_REQUIRE_POSTGRES").is_ok_and(|v| v == "1" || v == "true")
         || std::env::var("CI").is_ok_and(|v| v == "true")
 }

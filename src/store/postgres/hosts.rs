@@ -3,7 +3,8 @@
 //! sqlx connects to one host, so the service tries each in order and uses
 //! the first that fits: a writable one (`read-write`, or `primary`; the
 //! default when several hosts are given), or the first that answers
-//! (`any`). A URL with one host is used as it is.
+//! (`any`). A URL with one host is used as it is, once it is writable
+//! (unless `target_session_attrs=any`): a standby cannot hold the ledger.
 
 use std::time::Duration;
 
@@ -16,6 +17,10 @@ use crate::store::permanent_connect_error;
 /// How long one host may take to answer before the next is tried.
 const HOST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Whether the host answering accepts writes: not a standby, not a primary
+/// set read-only. Simple protocol, so a transaction pooler may answer it.
+pub(super) const WRITABLE: &str = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'";
+
 /// A URL no retry can make usable (`permanent_connect_error` says so).
 fn config_error(why: String) -> anyhow::Error {
     anyhow::Error::new(sqlx::Error::Configuration(why.into()))
@@ -24,9 +29,10 @@ fn config_error(why: String) -> anyhow::Error {
 /// A Postgres URL's hosts, each as a URL of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Hosts {
-    /// One URL per host, in the order given, without `target_session_attrs`.
+    /// One URL per host, in the order given, without `target_session_attrs`
+    /// when there are several.
     pub urls: Vec<String>,
-    /// Only a writable host will do.
+    /// Only a writable host will do (unless `target_session_attrs=any`).
     pub read_write: bool,
 }
 
@@ -56,20 +62,8 @@ impl Hosts {
                 _ => true,
             })
             .collect();
-        if !hosts.contains(',') {
-            // One host (or none: a socket named in the query): as it is.
-            return Ok(Self {
-                urls: vec![url.to_owned()],
-                read_write: false,
-            });
-        }
-        let hosts: Vec<&str> = hosts.split(',').collect();
-        if hosts.iter().any(|h| h.is_empty()) {
-            return Err(config_error("an empty host in the host list".to_owned()));
-        }
         let read_write = match attrs.as_deref() {
-            None => hosts.len() > 1,
-            Some("read-write" | "primary") => true,
+            None | Some("read-write" | "primary") => true,
             Some("any") => false,
             Some(other) => {
                 return Err(config_error(format!(
@@ -82,6 +76,21 @@ impl Hosts {
         } else {
             format!("?{}", kept.join("&"))
         };
+        if !hosts.contains(',') {
+            // One host (or none: a socket named in the query): as it is.
+            let url = match attrs {
+                Some(_) => format!("{scheme}://{userinfo}{hosts}{path}{query}"),
+                None => url.to_owned(),
+            };
+            return Ok(Self {
+                urls: vec![url],
+                read_write,
+            });
+        }
+        let hosts: Vec<&str> = hosts.split(',').collect();
+        if hosts.iter().any(|h| h.is_empty()) {
+            return Err(config_error("an empty host in the host list".to_owned()));
+        }
         let urls = hosts
             .iter()
             .map(|host| format!("{scheme}://{userinfo}{host}{path}{query}"))
@@ -89,12 +98,14 @@ impl Hosts {
         Ok(Self { urls, read_write })
     }
 
-    /// The URL of the host to use: the only one, or the first in order that
-    /// answers and, when `read_write`, accepts writes. When none does, the
-    /// error says why for each (retried by the caller unless it is one no
-    /// retry can fix, such as a refused password).
+    /// The URL of the host to use: the first in order that answers and, when
+    /// `read_write`, accepts writes. When none does, the error says why for
+    /// each (retried by the caller unless it is one no retry can fix, such as
+    /// a refused password). One host that is not checked is used untried.
     pub async fn pick(&self) -> anyhow::Result<String> {
-        if let [only] = self.urls.as_slice() {
+        if let [only] = self.urls.as_slice()
+            && !self.read_write
+        {
             return Ok(only.clone());
         }
         let mut why = Vec::new();
@@ -120,16 +131,14 @@ impl Hosts {
 
     /// Whether the host of `url` answers, and accepts writes when `read_write`.
     async fn fits(url: &str, read_write: bool) -> anyhow::Result<bool> {
-        let options: PgConnectOptions = url.parse()?;
+        // No startup parameter a transaction pooler in front may refuse.
+        let options = url.parse::<PgConnectOptions>()?.extra_float_digits(None);
         let mut conn = tokio::time::timeout(HOST_TIMEOUT, PgConnection::connect_with(&options))
             .await
             .context("no answer in 5 s")??;
         let writable = if read_write {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'",
-            )
-            .fetch_one(&mut conn)
-            .await?
+            let row = sqlx::raw_sql(WRITABLE).fetch_one(&mut conn).await?;
+            sqlx::Row::try_get::<bool, _>(&row, 0)?
         } else {
             true
         };
@@ -154,7 +163,10 @@ mod tests {
         let url = "postgres://u:p@db:5432/ledger?sslmode=require";
         let hosts = Hosts::parse(url).unwrap();
         assert_eq!(hosts.urls, vec![url.to_owned()]);
-        assert!(!hosts.read_write);
+        assert!(hosts.read_write, "a standby cannot hold the ledger");
+        let any = Hosts::parse("postgres://db/l?target_session_attrs=any&sslmode=prefer").unwrap();
+        assert_eq!(any.urls, vec!["postgres://db/l?sslmode=prefer".to_owned()]);
+        assert!(!any.read_write);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub(super) mod lane_claim;
 mod outcomes;
 mod parents;
 mod pooler;
+mod primary;
 mod reconcile;
 mod rows;
 mod webhooks;
@@ -25,10 +26,13 @@ use tracing::Instrument as _;
 
 use super::admission::Binding;
 use super::backend::{Connection, Notifications, Row, Transaction};
+use super::error::StoreError;
 use super::statement::{Dialect, Statement, Value};
 use super::{PoolStats, StoreOptions, StoreResult, sql};
 use held::Held;
+use hosts::Hosts;
 use pooler::{PgDb, Session};
+use primary::Primary;
 
 /// The words Postgres writes its shared statements with.
 static POSTGRES: Dialect = Dialect {
@@ -97,8 +101,10 @@ pub(super) type PgTx = Held;
 pub(crate) struct PgStore {
     /// Every statement's way to Postgres (see `pooler`): `&self.pool` runs one.
     pool: PgDb,
-    /// A direct URL for what needs a session: `LISTEN` and migrations.
-    direct_url: Option<String>,
+    /// The host in use, followed when it is lost (`primary`).
+    primary: Arc<Primary>,
+    /// A direct URL's hosts, for what needs a session: `LISTEN` and migrations.
+    direct: Option<Hosts>,
     /// Where limits held claims back lately (`store::admission::Binding`).
     bound: Arc<Binding>,
 }
@@ -134,39 +140,60 @@ impl PgStore {
                 format!("{}ms", held::CLIENT_CHECK.as_millis()),
             ),
         ];
-        // Statements are spans of their own (`statement::span`); sqlx's log
-        // line for each (its text summarised and formatted) was built for
-        // every statement whenever trace export was on. Slow ones still warn.
-        let url = hosts::Hosts::parse(url)?.pick().await?;
-        let parsed = url.parse::<PgConnectOptions>()?.log_statements(log::LevelFilter::Off);
-        let (connect, session, pool_size) = if options.behind_transaction_pooler {
-            // No startup parameter a pooler may refuse (sqlx's
-            // `extra_float_digits` is for text-format floats; every value
-            // here travels in binary), no statement kept by name.
-            let connect = parsed.extra_float_digits(None).statement_cache_capacity(0);
-            let session = Session::transaction_pooled(&settings[1..]);
+        let hosts = Hosts::parse(url)?;
+        let url = hosts.pick().await?;
+        let pooled = options.behind_transaction_pooler;
+        let (session, pool_size) = if pooled {
             // `LISTEN` has its own connection, straight to Postgres.
-            (connect, session, options.max_connections)
+            (Session::transaction_pooled(&settings[1..]), options.max_connections)
         } else {
             // One more than requests may use: the work listener holds one
             // connection for the life of the process.
-            (parsed.options(settings), Session::direct(), options.max_connections + 1)
+            (Session::direct(), options.max_connections + 1)
         };
-        let pool = PgPoolOptions::new()
+        let connect_options = move |url: &str| -> anyhow::Result<PgConnectOptions> {
+            // Statements are spans of their own (`statement::span`); sqlx's log
+            // line for each (its text summarised and formatted) was built for
+            // every statement whenever trace export was on. Slow ones still warn.
+            let parsed = url.parse::<PgConnectOptions>()?.log_statements(log::LevelFilter::Off);
+            Ok(if pooled {
+                // No startup parameter a pooler may refuse (sqlx's
+                // `extra_float_digits` is for text-format floats; every value
+                // here travels in binary), no statement kept by name.
+                parsed.extra_float_digits(None).statement_cache_capacity(0)
+            } else {
+                parsed.options(settings.clone())
+            })
+        };
+        let primary = Arc::new(Primary::new(hosts, url.clone()));
+        let mut pool_options = PgPoolOptions::new()
             .max_connections(pool_size)
-            .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
-            .await?;
+            .acquire_timeout(options.acquire_timeout);
+        if primary.follows() {
+            let keeper = Arc::clone(&primary);
+            pool_options = pool_options.before_acquire(move |_, meta| {
+                let keep = keeper.keeps(&meta);
+                Box::pin(async move { Ok(keep) })
+            });
+        }
+        let pool = pool_options.connect_with(connect_options(&url)?).await?;
+        if primary.follows() {
+            let follower = Arc::clone(&primary);
+            let watched = pool.clone();
+            tokio::spawn(async move { follower.follow(watched, connect_options).await });
+        }
+        let direct = options.direct_url.as_deref().map(Hosts::parse).transpose()?;
+        if let Some(direct) = &direct {
+            direct.pick().await?;
+        }
         Ok(Self {
             pool: PgDb {
                 pool,
                 session: Arc::new(session),
                 wrapped: Arc::default(),
             },
-            direct_url: match &options.direct_url {
-                Some(direct) => Some(hosts::Hosts::parse(direct)?.pick().await?),
-                None => None,
-            },
+            primary,
+            direct,
             bound: Arc::default(),
         })
     }
@@ -186,8 +213,9 @@ impl PgStore {
             conn.close_on_drop();
             return Ok(());
         }
-        if let Some(url) = &self.direct_url {
-            let mut conn = PgConnection::connect(url)
+        if let Some(direct) = &self.direct {
+            let url = direct.pick().await?;
+            let mut conn = PgConnection::connect(&url)
                 .await
                 .context("connecting to --listen-database-url (LEDGER_LISTEN_DATABASE_URL) to apply migrations")?;
             sqlx::query("SET statement_timeout = 0").execute(&mut conn).await?;
@@ -255,9 +283,25 @@ impl Connection for PgStore {
         Box::pin(self.run_migrations())
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+    /// The host in use, once it answers as writable; while the primary is
+    /// being searched for, why not.
+    async fn ping(&self) -> StoreResult<Option<String>> {
+        if let Some(why) = self.primary.problem() {
+            return Err(StoreError::NotReady(why));
+        }
+        let row = sqlx::raw_sql(hosts::WRITABLE).fetch_one(&self.pool).await?;
+        let host = self.primary.host();
+        if !sqlx::Row::try_get::<bool, _>(&row, 0)? {
+            return Err(StoreError::NotReady(format!(
+                "{host} is read-only (a standby, or a primary demoted by a failover){}",
+                if self.primary.follows() {
+                    "; searching the database URL's hosts for the primary"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Ok(Some(host))
     }
 
     fn pool_stats(&self) -> Vec<PoolStats> {
@@ -328,13 +372,20 @@ impl Connection for PgStore {
     /// Other replicas' work notifications; `None` through a transaction
     /// pooler without a direct URL, where `LISTEN` would never hear anything.
     async fn listen(&self) -> StoreResult<Option<Box<dyn Notifications>>> {
-        let mut listener = match (&self.direct_url, self.pool.session.transaction_pooled) {
+        let moved = self.primary.moved();
+        let mut listener = match (&self.direct, self.pool.session.transaction_pooled) {
             (_, false) => PgListener::connect_with(&self.pool.pool).await?,
-            (Some(url), true) => PgListener::connect(url).await?,
+            (Some(direct), true) => {
+                let url = direct
+                    .pick()
+                    .await
+                    .map_err(|err| StoreError::NotReady(format!("{err:#}")))?;
+                PgListener::connect(&url).await?
+            }
             (None, true) => return Ok(None),
         };
         listener.listen(WORK_CHANNEL).await?;
-        Ok(Some(Box::new(WorkChannel(listener))))
+        Ok(Some(Box::new(WorkChannel { listener, moved })))
     }
 
     /// Keeps the planner's picture of `child` fresh after a bulk write, so the
@@ -356,13 +407,20 @@ impl Connection for PgStore {
     }
 }
 
-/// The work channel, as `LISTEN` hears it.
-struct WorkChannel(PgListener);
+/// The work channel, as `LISTEN` hears it, until the ledger moves to
+/// another host (a failover): then it ends, and is listened to again there.
+struct WorkChannel {
+    listener: PgListener,
+    moved: tokio::sync::watch::Receiver<u64>,
+}
 
 #[async_trait]
 impl Notifications for WorkChannel {
     async fn recv(&mut self) -> StoreResult<String> {
-        Ok(self.0.recv().await?.payload().to_owned())
+        tokio::select! {
+            heard = self.listener.recv() => Ok(heard?.payload().to_owned()),
+            _ = self.moved.changed() => Err(StoreError::NotReady("the ledger moved to another host".to_owned())),
+        }
     }
 }
 

@@ -295,9 +295,9 @@ impl Connection for SqliteStore {
         Box::pin(self.run_migrations())
     }
 
-    async fn ping(&self) -> StoreResult<()> {
+    async fn ping(&self) -> StoreResult<Option<String>> {
         sqlx::query("SELECT 1").execute(&self.readers).await?;
-        Ok(())
+        Ok(None)
     }
 
     fn pool_stats(&self) -> Vec<PoolStats> {
