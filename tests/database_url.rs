@@ -172,6 +172,59 @@ async fn a_host_down_first_in_the_list_is_passed_by() {
     assert!(!ok && text.contains("target_session_attrs=standby"), "{text}");
 }
 
+/// The same through a transaction pooler fronting each host, with the
+/// direct URL for `LISTEN` and migrations given as several hosts too: the
+/// service serves from the pooler of the host that answers, and listens on
+/// the direct one.
+#[tokio::test]
+async fn through_a_pooler_each_host_in_the_list() {
+    let Some(bouncer) = common::pgbouncer().await else {
+        return;
+    };
+    let db = TestDatabase::new(Backend::Postgres).await;
+    let dead_first = |url: &str| {
+        let (scheme_user, rest) = url.split_once('@').unwrap();
+        let (host, database) = rest.split_once('/').unwrap();
+        format!("{scheme_user}@127.0.0.1:{},{host}/{database}", free_port())
+    };
+    let pooled = dead_first(&bouncer.url_for(&db.url));
+    let direct = dead_first(&db.url);
+    let service = ServiceProcess::start(
+        "pooled-hosts",
+        &pooled,
+        &["--db-pooler", "transaction", "--listen-database-url", &direct],
+    )
+    .await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let ready: serde_json::Value = client
+        .get(format!("{}/readyz", service.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["host"], format!("127.0.0.1:{}", bouncer.port), "{ready}");
+    let r = client
+        .put(format!("{}/v1/parents/PH-1", service.base))
+        .json(&serde_json::json!({"queue": "pooled-hosts", "children": children(3)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+    let r = client
+        .post(format!("{}/v1/queues/pooled-hosts/claims", service.base))
+        .json(&serde_json::json!({"limit": 10}))
+        .send()
+        .await
+        .unwrap();
+    let claim: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(claim["children"].as_array().unwrap().len(), 3, "{claim}");
+    let log = service.log_text();
+    assert!(!log.contains("cannot listen for work"), "LISTEN found its host: {log}");
+}
+
 /// A database that turns read-only under the service (as a primary demoted
 /// by a failover does) is answered `503` with `Retry-After`, never `500`;
 /// writable again, it is served again without a restart.

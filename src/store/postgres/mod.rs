@@ -372,7 +372,7 @@ impl Connection for PgStore {
     /// Other replicas' work notifications; `None` through a transaction
     /// pooler without a direct URL, where `LISTEN` would never hear anything.
     async fn listen(&self) -> StoreResult<Option<Box<dyn Notifications>>> {
-        let moved = self.primary.moved();
+        let renewed = self.primary.renewed();
         let mut listener = match (&self.direct, self.pool.session.transaction_pooled) {
             (_, false) => PgListener::connect_with(&self.pool.pool).await?,
             (Some(direct), true) => {
@@ -385,7 +385,7 @@ impl Connection for PgStore {
             (None, true) => return Ok(None),
         };
         listener.listen(WORK_CHANNEL).await?;
-        Ok(Some(Box::new(WorkChannel { listener, moved })))
+        Ok(Some(Box::new(WorkChannel { listener, renewed })))
     }
 
     /// Keeps the planner's picture of `child` fresh after a bulk write, so the
@@ -407,11 +407,12 @@ impl Connection for PgStore {
     }
 }
 
-/// The work channel, as `LISTEN` hears it, until the ledger moves to
-/// another host (a failover): then it ends, and is listened to again there.
+/// The work channel, as `LISTEN` hears it, until the pool's connections are
+/// renewed (on another host after a failover, or the same one back): then
+/// it ends, and is listened to again.
 struct WorkChannel {
     listener: PgListener,
-    moved: tokio::sync::watch::Receiver<u64>,
+    renewed: tokio::sync::watch::Receiver<u64>,
 }
 
 #[async_trait]
@@ -419,7 +420,7 @@ impl Notifications for WorkChannel {
     async fn recv(&mut self) -> StoreResult<String> {
         tokio::select! {
             heard = self.listener.recv() => Ok(heard?.payload().to_owned()),
-            _ = self.moved.changed() => Err(StoreError::NotReady("the ledger moved to another host".to_owned())),
+            _ = self.renewed.changed() => Err(StoreError::NotReady("the database connections were renewed".to_owned())),
         }
     }
 }

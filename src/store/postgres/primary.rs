@@ -1,25 +1,26 @@
 //! Following the primary among the hosts of a multi-host URL while the
 //! service runs (a failover: Multi-AZ, Patroni, pg_auto_failover).
 //!
-//! `follow` watches the host in use: once a second, and at once when a
-//! statement anywhere in this process lost its connection or met a
-//! read-only host (`store::error::DATABASE_LOST`). When the host no longer
-//! answers, or answers read-only, it searches the hosts in order for a
-//! writable one (`Hosts::pick`), points the pool at it
+//! `follow` watches the host in use, on a connection of its own: once a
+//! second, and at once when a statement anywhere in this process lost its
+//! connection or met a read-only host (`store::error::DATABASE_LOST`).
+//! When the host no longer answers, or answers read-only, it searches the
+//! hosts in order for a writable one (`Hosts::pick`), points the pool at it
 //! (`Pool::set_connect_options`), and retires every connection opened
-//! before (`keeps`, the pool's `before_acquire`). The work listener moves
-//! too (`moved`). Meanwhile statements fail as unavailable: 503 with
-//! `Retry-After`, never 500, and a read-only answer is never retried on
-//! the same host. A URL with one host has nothing to search: sqlx's pool
-//! reconnects to it by itself.
+//! before (`keeps`, the pool's `before_acquire`). The work listener
+//! connects again too (`renewed`). Meanwhile statements fail as
+//! unavailable: 503 with `Retry-After`, never 500, and a read-only answer
+//! is never retried on the same host. With one host (a managed database's
+//! DNS name, which a failover moves), the search is a new connection to
+//! that name.
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::watch;
 
 use super::hosts::{Hosts, WRITABLE};
@@ -41,8 +42,9 @@ pub(super) struct Primary {
     retire_before: Mutex<Option<Instant>>,
     /// Why no writable host is in use, while the search goes on.
     problem: Mutex<Option<String>>,
-    /// Counts the moves to another host (the work listener follows).
-    moved: watch::Sender<u64>,
+    /// Counts the times the pool's connections were renewed, on another
+    /// host or the same one back (the work listener connects again).
+    renewed: watch::Sender<u64>,
 }
 
 impl Primary {
@@ -52,13 +54,14 @@ impl Primary {
             current: Mutex::new(current),
             retire_before: Mutex::new(None),
             problem: Mutex::new(None),
-            moved: watch::Sender::new(0),
+            renewed: watch::Sender::new(0),
         }
     }
 
-    /// Whether there is anything to follow: several hosts, a writable one wanted.
+    /// Whether there is anything to follow: a writable host wanted (one
+    /// host too: behind one DNS name, a managed failover moves the name).
     pub fn follows(&self) -> bool {
-        self.hosts.urls.len() > 1 && self.hosts.read_write
+        self.hosts.read_write
     }
 
     /// `host:port` in use now.
@@ -80,15 +83,22 @@ impl Primary {
         }
     }
 
-    /// Changes each time the pool moves to another host.
-    pub fn moved(&self) -> watch::Receiver<u64> {
-        self.moved.subscribe()
+    /// Changes each time the pool's connections are renewed.
+    pub fn renewed(&self) -> watch::Receiver<u64> {
+        self.renewed.subscribe()
     }
 
     /// Watches the host in use and moves `pool` to the writable host when it
     /// is lost (see the module comment). `options` makes a one-host URL into
-    /// the pool's connect options. Runs for the life of the pool.
+    /// the pool's connect options. The check runs on a connection of its
+    /// own, so a pool busy with requests never looks like a lost host. Runs
+    /// for the life of the pool.
     pub async fn follow(&self, pool: PgPool, options: impl Fn(&str) -> anyhow::Result<PgConnectOptions> + Send) {
+        let current = self.current.lock().expect("host lock").clone();
+        let mut watch = match options(&current) {
+            Ok(options) => PgConnection::connect_with(&options).await.ok(),
+            Err(_) => None,
+        };
         loop {
             tokio::select! {
                 _ = DATABASE_LOST.notified() => {}
@@ -98,9 +108,12 @@ impl Primary {
                 return;
             }
             let read_only_seen = READ_ONLY_SEEN.swap(false, Ordering::Relaxed);
-            if !read_only_seen && writable(&pool).await {
-                self.set_problem(None);
-                continue;
+            if let Some(conn) = watch.as_mut() {
+                if !read_only_seen && writable(conn).await {
+                    self.set_problem(None);
+                    continue;
+                }
+                watch = None;
             }
             let found = match self.hosts.pick().await {
                 Ok(url) => url,
@@ -116,27 +129,39 @@ impl Primary {
                     continue;
                 }
             };
+            let connected = match options(&found) {
+                Ok(options) => PgConnection::connect_with(&options)
+                    .await
+                    .map(|conn| (conn, options))
+                    .map_err(anyhow::Error::from),
+                Err(err) => Err(err),
+            };
+            let (conn, found_options) = match connected {
+                Ok(connected) => connected,
+                Err(err) => {
+                    self.set_problem(Some(format!("{}: {err:#}", Hosts::host_of(&found))));
+                    continue;
+                }
+            };
             let moved = found != *self.current.lock().expect("host lock");
             if moved {
-                match options(&found) {
-                    Ok(options) => pool.set_connect_options(options),
-                    Err(err) => {
-                        self.set_problem(Some(format!("{err:#}")));
-                        continue;
-                    }
-                }
+                pool.set_connect_options(found_options);
                 *self.current.lock().expect("host lock") = found;
             }
             // Every connection opened so far is on the old host, or came
-            // back broken or read-only: none is handed out again.
+            // back broken or read-only: none is handed out again, and the
+            // work listener connects again.
             *self.retire_before.lock().expect("retire lock") = Some(Instant::now());
+            self.renewed.send_modify(|n| *n += 1);
             if moved {
-                self.moved.send_modify(|n| *n += 1);
                 tracing::warn!(
                     host = self.host(),
                     "following the primary: the ledger is on another host now"
                 );
+            } else if self.problem().is_some() {
+                tracing::info!(host = self.host(), "the database host answers as writable again");
             }
+            watch = Some(conn);
             self.set_problem(None);
         }
     }
@@ -146,9 +171,9 @@ impl Primary {
     }
 }
 
-/// Whether the pool's host answers and accepts writes.
-async fn writable(pool: &PgPool) -> bool {
-    let check = sqlx::raw_sql(WRITABLE).fetch_one(pool);
+/// Whether the host answers on `conn` and accepts writes.
+async fn writable(conn: &mut PgConnection) -> bool {
+    let check = sqlx::raw_sql(WRITABLE).fetch_one(conn);
     match tokio::time::timeout(CHECK_TIMEOUT, check).await {
         Ok(Ok(row)) => sqlx::Row::try_get::<bool, _>(&row, 0).unwrap_or(false),
         _ => false,
