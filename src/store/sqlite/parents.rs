@@ -24,11 +24,15 @@ fn children_json(children: &[NewChild]) -> String {
 #[async_trait]
 impl ChildWrites for SqliteTx {
     async fn insert_children(&mut self, chunk: ChildChunk<'_>) -> StoreResult<Inserted> {
-        const INSERT: &str = "INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at, changed_at) \
-             SELECT ?1, value ->> 0, value ->> 1, value -> 2, \
-                 CASE WHEN value ->> 3 IS NULL THEN 'pending' ELSE 'skipped' END, value ->> 3, \
-                 CASE WHEN value ->> 3 IS NULL THEN NULL ELSE ?3 END, ?3 \
-             FROM json_each(?2) WHERE true";
+        // Each child read out of the JSON once (`j`): its skip reason is
+        // named three times, and each `->>` parses the element again.
+        const INSERT: &str = "WITH j AS MATERIALIZED ( \
+                 SELECT value ->> 0 AS sequence, value ->> 1 AS key, value -> 2 AS payload, value ->> 3 AS skip \
+                 FROM json_each(?2)) \
+             INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at, changed_at) \
+             SELECT ?1, sequence, key, payload, CASE WHEN skip IS NULL THEN 'pending' ELSE 'skipped' END, skip, \
+                 CASE WHEN skip IS NULL THEN NULL ELSE ?3 END, ?3 \
+             FROM j WHERE true";
         let json = children_json(chunk.children);
         if !chunk.idempotent {
             // Every child is written or the statement fails: nothing to read
