@@ -24,7 +24,7 @@ use crate::store::{StoreResult, sql};
 /// The outcome ends the attempt on the row, as a lease end does.
 /// The writes are read out of their JSON once (`j`, materialized): the
 /// statement names their fields a dozen times, and each `->>` parses the
-/// element again (a third of the statement's time with 500 writes).
+/// element again (about a sixth of the statement's time with 500 writes).
 static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("ln.floor", "ln.parent_id IS NOT NULL");
     let lookup = |column: &str| {
