@@ -29,6 +29,11 @@ use crate::error::{ApiError, ApiResult};
 use crate::ledger::ParentId;
 use crate::state::AppState;
 
+mod body;
+
+pub use body::{BodyLimit, SMALL_BODY_BYTES};
+use body::{bodiless_from_no_browser, carries_bulk, limit_body, require_json};
+
 /// Who may call an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
@@ -302,30 +307,6 @@ fn name_the_span(method: &Method, route: &str, params: &RawPathParams) {
     }
 }
 
-/// The body limit of every route but the bulk ones (`carries_bulk`).
-pub const SMALL_BODY_BYTES: usize = 1024 * 1024;
-
-/// The routes whose bodies may reach `--max-body-bytes`: registration, append
-/// and outcome batches. Every other body is small.
-fn carries_bulk(method: &Method, route: &str) -> bool {
-    matches!(
-        (method.as_str(), route),
-        ("PUT", "/v1/parents/{parent_id}") | ("POST", "/v1/parents/{parent_id}/children" | "/v1/outcomes")
-    )
-}
-
-/// The body limit a request was given, for the 413 to name.
-#[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
-
-/// Stops reading a body past `limit` bytes: the extractor then answers 413
-/// without having buffered more.
-fn limit_body(request: Request, limit: usize) -> Request {
-    let (mut parts, body) = request.into_parts();
-    parts.extensions.insert(BodyLimit(limit));
-    Request::from_parts(parts, axum::body::Body::new(http_body_util::Limited::new(body, limit)))
-}
-
 async fn admit(
     state: &AppState,
     needed: Role,
@@ -359,38 +340,6 @@ async fn admit(
 /// The registration route: the parent it names does not exist yet.
 fn registers(method: &Method, route: &str) -> bool {
     *method == Method::PUT && route == "/v1/parents/{parent_id}"
-}
-
-/// Whether a write has no body, no content type and no `Origin`: then it
-/// reads as `{}` (`curl -X POST .../pause`). A browser names the page's origin
-/// on every POST it sends (the Fetch standard; a form, `fetch` in `no-cors`
-/// mode and `sendBeacon` alike), so a cross-site page cannot make one of
-/// these; with an `Origin`, even an empty write must say it is JSON.
-fn bodiless_from_no_browser(headers: &HeaderMap) -> bool {
-    let no_body = match headers.get(header::CONTENT_LENGTH) {
-        Some(length) => length.as_bytes() == b"0",
-        None => !headers.contains_key(header::TRANSFER_ENCODING),
-    };
-    no_body && !headers.contains_key(header::CONTENT_TYPE) && !headers.contains_key(header::ORIGIN)
-}
-
-/// A write must be declared JSON, even with an empty body, when a browser may
-/// have sent it: a browser sends a cross-site form or `fetch` without
-/// preflight only as `application/x-www-form-urlencoded`,
-/// `multipart/form-data` or `text/plain`, or with no body and no type.
-fn require_json(headers: &HeaderMap) -> ApiResult<()> {
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    match content_type {
-        Some(ct) if super::extract::is_json(ct) => Ok(()),
-        Some(ct) => Err(ApiError::UnsupportedMediaType(format!(
-            "expected content-type application/json, got {ct:?}"
-        ))),
-        None => Err(ApiError::UnsupportedMediaType(
-            "expected content-type application/json, got none (a body, or any write a browser sends, must say it is \
-             JSON)"
-                .to_owned(),
-        )),
-    }
 }
 
 /// A parent or queue in the path outside the token's queues is answered as
