@@ -18,7 +18,11 @@ pub async fn etag(request: Request, next: Next) -> Response {
     let tagged = request.method() == Method::GET && request.uri().path().starts_with("/v1/");
     let if_none_match = request.headers().get(header::IF_NONE_MATCH).cloned();
     let response = next.run(request).await;
-    if !tagged || response.status() != StatusCode::OK || is_event_stream(&response) {
+    if !tagged
+        || response.status() != StatusCode::OK
+        || is_event_stream(&response)
+        || response.extensions().get::<Streamed>().is_some()
+    {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -42,6 +46,11 @@ pub async fn etag(request: Request, next: Next) -> Response {
     parts.headers.insert(header::ETAG, value);
     Response::from_parts(parts, Body::from(bytes))
 }
+
+/// Marks a response whose body is streamed as it is read (a parent's
+/// results): tagging it would hold the whole body in memory first.
+#[derive(Debug, Clone, Copy)]
+pub struct Streamed;
 
 /// An event stream never ends by itself: it is passed on as it is, untagged.
 fn is_event_stream(response: &Response) -> bool {

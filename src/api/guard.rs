@@ -70,6 +70,8 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
             | "/v1/parents/{parent_id}/children/{sequence}"
             | "/v1/parents/{parent_id}/deliveries"
             | "/v1/parents/{parent_id}/events"
+            | "/v1/parents/{parent_id}/results"
+            | "/v1/parents/{parent_id}/summary"
             | "/v1/queues"
             | "/v1/queues/{queue}"
             | "/v1/queues/{queue}/events"

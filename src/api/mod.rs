@@ -19,6 +19,7 @@ mod queues;
 mod reconcile;
 mod redact;
 mod registration;
+mod results;
 mod starting;
 pub mod validate;
 pub mod whole;
@@ -49,6 +50,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(parents::router())
         .merge(deliveries::router())
         .merge(children::router())
+        .merge(results::router())
         .merge(claims::router())
         .merge(queues::router())
         .merge(limits::router())

@@ -11,6 +11,7 @@ pub mod outcome;
 pub mod projection;
 pub mod queue;
 pub mod reconcile;
+pub mod results;
 pub mod scope;
 pub mod state;
 pub mod trace;

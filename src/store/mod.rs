@@ -25,6 +25,7 @@ mod reconcile;
 mod reconcile_jobs;
 mod registration;
 mod reports;
+mod results;
 mod rows;
 mod search;
 mod signals;
