@@ -28,6 +28,9 @@ mod events;
 /// Claim admission: limits that never bind, a rate, caps across replicas (`--admission-only`, and the full run).
 mod admission;
 
+/// A parent's results, summary, redrive and tolerance (`--verdicts-only`, and the full run).
+mod verdicts;
+
 /// The tests' PgBouncer harness (transaction mode, a free port).
 #[allow(dead_code)]
 #[path = "../tests/common/pgbouncer.rs"]
@@ -51,6 +54,7 @@ struct Args {
     events_only: bool,
     /// Only claim admission (`admission.*`).
     admission_only: bool,
+    verdicts_only: bool,
     /// Another build's service binary, whose cost per child is measured
     /// beside this build's in the same run (`--baseline-bin PATH`).
     baseline_bin: Option<String>,
@@ -69,6 +73,7 @@ fn parse_args() -> Args {
         search_only: false,
         events_only: false,
         admission_only: false,
+        verdicts_only: false,
         baseline_bin: None,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
@@ -87,6 +92,7 @@ fn parse_args() -> Args {
             "--search-only" => args.search_only = true,
             "--events-only" => args.events_only = true,
             "--admission-only" => args.admission_only = true,
+            "--verdicts-only" => args.verdicts_only = true,
             "--baseline-bin" => args.baseline_bin = it.next(),
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
@@ -118,6 +124,8 @@ struct Sizes {
     huge_parent: usize,
     /// Claims of `admission.cap_violations`.
     admission_claims: u64,
+    /// Failed children of the parent whose results, summary and redrive are measured.
+    results: i64,
 }
 
 impl Sizes {
@@ -135,6 +143,7 @@ impl Sizes {
                 big_parent: 20_000,
                 huge_parent: 100_000,
                 admission_claims: 10_000,
+                results: 1_000_000,
             }
         } else {
             Self {
@@ -149,6 +158,7 @@ impl Sizes {
                 big_parent: 100_000,
                 huge_parent: 1_000_000,
                 admission_claims: 100_000,
+                results: 1_000_000,
             }
         }
     }
@@ -1460,6 +1470,9 @@ async fn main() {
     if args.admission_only {
         return print_table(&admission::admission_scenarios(&args.admin_url, sizes.burn, sizes.admission_claims).await);
     }
+    if args.verdicts_only {
+        return print_table(&verdicts::verdicts_scenarios(&args.admin_url, sizes.results, sizes.burn).await);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1604,6 +1617,7 @@ async fn main() {
     scenarios.extend(search::search_scenarios(&args.admin_url, sizes.search).await);
     scenarios.extend(events::events_scenarios(&args.admin_url, sizes.burn).await);
     scenarios.extend(admission::admission_scenarios(&args.admin_url, sizes.burn, sizes.admission_claims).await);
+    scenarios.extend(verdicts::verdicts_scenarios(&args.admin_url, sizes.results, sizes.burn).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
     eprintln!("claim_latency_scale: 10k rows ...");

@@ -230,6 +230,8 @@ async fn progress_arrives_through_the_stream(backend: Backend) {
     post_outcomes(&app, (3..6).map(outcome).collect()).await;
     browser.wait_fact("Processed", "6").await;
     browser.wait_text("#detail-state", |t| t == "complete").await;
+    browser.wait_fact("Verdict", "succeeded").await;
+    browser.wait_text("#detail-verdict", |t| t == "succeeded").await;
     assert_eq!(
         browser.script(parent_reads, json!([opened])).await,
         json!(0),

@@ -228,6 +228,57 @@ async fn complete_by_outcomes(base: &str, parent: &str, n: usize, url: Option<&s
     assert_eq!(status, StatusCode::OK, "{reply}");
 }
 
+/// A parent redriven from another's failed children completes and sends its
+/// own event (to the webhook it took from the old parent), naming itself.
+async fn a_redriven_parent_sends_its_own_event(backend: Backend) {
+    let receiver = Receiver::start().await;
+    let db = TestDatabase::new(backend).await;
+    let service = start_service("redrive-hooks", &db, &webhook_flags(receiver.port, "200,200,200")).await;
+    let base = service.base.as_str();
+    let url = receiver.url("redo");
+    let (status, _) = put(
+        base,
+        "/v1/parents/R-src",
+        json!({"queue": "hooks", "children": children(3), "webhook_url": url}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, claim) = post(base, "/v1/parents/R-src/claims", json!({"limit": 3})).await;
+    let outcomes: Vec<Value> = (0..3)
+        .map(|s| {
+            json!({"parent_id": "R-src", "sequence": s, "outcome": if s == 1 { "failed" } else { "processed" },
+                        "reason": "timeout", "claim_id": claim["claim_id"]})
+        })
+        .collect();
+    let (status, _) = post(base, "/v1/outcomes", json!({"outcomes": outcomes})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, redriven) = post(base, "/v1/parents/R-src/redrive", json!({"into": "R-src-r1"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{redriven}");
+    assert_eq!(redriven["parent"]["webhook_url"], url);
+    let (_, claim) = post(base, "/v1/parents/R-src-r1/claims", json!({"limit": 10})).await;
+    assert_eq!(claim["children"][0]["sequence"], 0, "{claim}");
+    let outcome = json!({"outcomes": [{"parent_id": "R-src-r1", "sequence": 0, "outcome": "processed",
+                                       "claim_id": claim["claim_id"]}]});
+    let (status, _) = post(base, "/v1/outcomes", outcome).await;
+    assert_eq!(status, StatusCode::OK);
+    eventually("both events delivered", Duration::from_secs(30), || async {
+        (receiver.hits_for("redo").len() == 2).then_some(())
+    })
+    .await;
+    let mut parents: Vec<String> = receiver
+        .hits_for("redo")
+        .iter()
+        .map(|hit| {
+            serde_json::from_str::<Value>(&hit.body).unwrap()["data"]["parent_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    parents.sort();
+    assert_eq!(parents, ["R-src", "R-src-r1"]);
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, failing after `deadline`.
 async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> (T, Duration)
 where
@@ -413,13 +464,28 @@ async fn one_event_per_completion(backend: Backend) {
     assert_eq!(status, StatusCode::CREATED);
     let (status, _) = post(base, "/v1/parents/H-lease/claims", json!({"lease_seconds": 1})).await;
     assert_eq!(status, StatusCode::OK);
+    // Complete by crossing a tolerance: one failure of three, none tolerated.
+    let (status, _) = put(
+        base,
+        "/v1/parents/H-fail",
+        json!({"queue": "hooks", "children": children(3), "tolerated_failures": {"count": 0},
+               "webhook_url": receiver.url("fail")}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, claimed) = post(base, "/v1/parents/H-fail/claims", json!({"limit": 1})).await;
+    assert_eq!(status, StatusCode::OK);
+    let failed = json!({"outcomes": [{"parent_id": "H-fail", "sequence": 0, "outcome": "failed",
+                                      "claim_id": claimed["claim_id"]}]});
+    let (status, _) = post(base, "/v1/outcomes", failed).await;
+    assert_eq!(status, StatusCode::OK);
     // No webhook_url: no event.
     complete_by_outcomes(base, "H-none", 5, None).await;
 
-    let names = ["out-0", "out-1", "out-2", "reg", "lease"];
+    let names = ["out-0", "out-1", "out-2", "reg", "lease", "fail"];
     let (_, took) = eventually("every event delivered", Duration::from_secs(30), || async {
         let mut all = true;
-        for parent in ["H-out-0", "H-out-1", "H-out-2", "H-reg", "H-lease"] {
+        for parent in ["H-out-0", "H-out-1", "H-out-2", "H-reg", "H-lease", "H-fail"] {
             let (_, reply) = get(base, &format!("/v1/parents/{parent}/deliveries")).await;
             all &= reply["deliveries"][0]["state"] == "delivered";
         }
@@ -437,7 +503,7 @@ async fn one_event_per_completion(backend: Backend) {
     let ids: std::collections::HashSet<&str> = hits.iter().map(|h| h.id.as_str()).collect();
     assert_eq!(ids.len(), names.len(), "one distinct webhook-id per completion");
     let store = db.store().await;
-    assert_eq!(store.count_raw("SELECT count(*) FROM webhook_event").await.unwrap(), 5);
+    assert_eq!(store.count_raw("SELECT count(*) FROM webhook_event").await.unwrap(), 6);
     let (_, none) = get(base, "/v1/parents/H-none/deliveries").await;
     assert_eq!(none["deliveries"], json!([]));
 
@@ -449,6 +515,10 @@ async fn one_event_per_completion(backend: Backend) {
     assert_eq!(body["data"]["parent_id"], "H-out-0");
     assert_eq!(body["data"]["queue"], "hooks");
     assert_eq!(body["data"]["counts"]["processed"], 20);
+    assert_eq!(body["data"]["verdict"], "succeeded");
+    let fail: Value = serde_json::from_str(&receiver.hits_for("fail")[0].body).unwrap();
+    assert_eq!(fail["data"]["verdict"], "failed", "{fail}");
+    assert_eq!(fail["data"]["counts"]["skipped"], 2, "{fail}");
     assert_eq!(
         chrono::DateTime::parse_from_rfc3339(body["data"]["completed_at"].as_str().unwrap()).unwrap(),
         chrono::DateTime::parse_from_rfc3339(parent["completed_at"].as_str().unwrap()).unwrap()
@@ -488,15 +558,15 @@ async fn one_event_per_completion(backend: Backend) {
         .await
         .unwrap();
     assert!(
-        metrics.contains("child_ledger_webhook_deliveries_total{status=\"delivered\"} 6"),
+        metrics.contains("child_ledger_webhook_deliveries_total{status=\"delivered\"} 7"),
         "{metrics}"
     );
     assert!(metrics.contains("child_ledger_webhook_outbox_backlog 0"), "{metrics}");
     eprintln!(
-        "webhooks[{backend:?}]: 5 completions (3 outcome batches, 1 registration, 1 lease expiry) -> \
+        "webhooks[{backend:?}]: 6 completions (3 outcome batches, 1 registration, 1 lease expiry, 1 tolerance crossed) -> \
          {} events, {} requests, {} distinct ids, {verified} signatures verified by Python; all delivered in {took:?}; \
          a reconcile re-completion sent a 2nd event with a new id",
-        5,
+        6,
         hits.len(),
         ids.len()
     );
@@ -1219,6 +1289,7 @@ both_stores!(
     ambiguous_urls_are_refused_at_registration,
     an_allowed_name_resolving_to_loopback_is_refused,
     one_event_per_completion,
+    a_redriven_parent_sends_its_own_event,
     retries_keep_the_id,
     delivered_after_sigkill,
     another_replica_sends_after_a_kill,

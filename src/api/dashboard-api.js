@@ -59,6 +59,15 @@ export async function getJson(url) {
   return body;
 }
 
+/** A streamed export (a parent's results) as a Blob, with the token. */
+export async function getBlob(url, accept) {
+  const sentWith = token;
+  const response = await fetch(url, { headers: headers({ Accept: accept }), cache: "no-store" });
+  if (response.status === 401) throw new Unauthorized(sentWith, await bodyOf(response));
+  if (!response.ok) throw new Problem(response.status, await bodyOf(response));
+  return await response.blob();
+}
+
 export async function postJson(url, body) {
   const sentWith = token;
   const response = await fetch(url, {

@@ -4,7 +4,7 @@
 // values reach the page: as text only); the selected parent live through its
 // event stream (dashboard-live.js), polled while that stream is down.
 
-import { Problem, Unauthorized, currentToken, getJson, parentPath, postJson, useToken } from "./dashboard-api.js";
+import { Problem, Unauthorized, currentToken, getBlob, getJson, parentPath, postJson, useToken } from "./dashboard-api.js";
 import { isLive, stop as stopLive, watch } from "./dashboard-live.js";
 import { reconcileDryRun } from "./dashboard-reconcile.js";
 import { $, Pager, badge, el, flash, fmt, note, num, progress, rate, setStatus, since, tick } from "./dashboard-dom.js";
@@ -234,13 +234,14 @@ function childrenUrl(id, state, pager) {
 async function loadDetail() {
   const id = view.selected;
   if (!id) return;
-  let parent, failed, held;
+  let parent, failed, held, summary;
   const streamed = isLive(id) && drawn.parent ? drawn.parent : null; // its stream's, while open
   try {
-    [parent, failed, held] = await Promise.all([
+    [parent, failed, held, summary] = await Promise.all([
       streamed ?? getJson(parentPath(id)),
       getJson(childrenUrl(id, "failed", view.failed)),
       getJson(childrenUrl(id, "held", view.held)),
+      getJson(`${parentPath(id)}/summary`),
     ]);
   } catch (err) {
     if (!(err instanceof Problem)) throw err;
@@ -259,6 +260,10 @@ async function loadDetail() {
   }
   view.failed.next = failed.next_after ?? null;
   view.held.next = held.next_after ?? null;
+  if (summary !== drawn.summary) {
+    drawn.summary = summary;
+    drawSummary(summary.reasons || []);
+  }
   if (failed !== drawn.failed) {
     drawn.failed = failed;
     drawFailed(failed.children || []);
@@ -274,9 +279,15 @@ function drawParent(p) {
   const state = $("detail-state");
   state.textContent = p.state;
   state.className = `badge ${p.state}`;
+  const verdict = $("detail-verdict");
+  verdict.textContent = p.verdict ?? "";
+  verdict.className = `badge verdict-${p.verdict}`;
+  verdict.hidden = !p.verdict;
   $("detail-progress").replaceChildren(progress(counts, counts.total || 0));
   const facts = [
     ["Queue", p.queue],
+    ["Verdict", p.verdict ?? "open"],
+    ["Tolerates", tolerance(p.tolerated_failures)],
     ["Total", fmt(counts.total)],
     ["Processed", fmt(counts.processed)],
     ["Failed", fmt(counts.failed)],
@@ -292,6 +303,43 @@ function drawParent(p) {
     ["Max attempts", p.max_attempts === null || p.max_attempts === undefined ? "unlimited" : fmt(p.max_attempts)],
   ];
   $("detail-facts").replaceChildren(...facts.map(([name, value]) => el("div", null, el("dt", null, name), el("dd", null, value))));
+}
+
+function tolerance(t) {
+  if (!t) return "any failures";
+  if (t.count !== undefined) return `${fmt(t.count)} failed`;
+  return `${t.percent}% failed`;
+}
+
+function drawSummary(reasons) {
+  const rows = reasons.map((r) =>
+    el(
+      "tr",
+      null,
+      el("td", null, r.state),
+      el("td", { className: "reason" }, r.reason ?? "(no reason given)"),
+      el("td", { className: "num" }, fmt(r.count)),
+    ),
+  );
+  $("detail-summary").querySelector("tbody").replaceChildren(...(rows.length ? rows : [emptyRow(3, "No failed or skipped children.")]));
+}
+
+async function downloadResults(format) {
+  const id = view.selected;
+  if (!id) return;
+  const [accept, extension] = format === "csv" ? ["text/csv", "csv"] : ["application/x-ndjson", "ndjson"];
+  try {
+    const blob = await getBlob(`${parentPath(id)}/results`, accept);
+    const url = URL.createObjectURL(blob);
+    const link = el("a", { href: url, download: `${id}-results.${extension}` });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  } catch (err) {
+    if (!(err instanceof Problem || err instanceof Unauthorized)) throw err;
+    flash(`Could not download the results of ${id}: ${err.message}`, "error");
+  }
 }
 
 function pagerButtons(name, pager) {
@@ -483,6 +531,8 @@ for (const button of document.querySelectorAll("[data-pager]")) {
   });
 }
 $("detail-close").addEventListener("click", () => select(null));
+$("results-ndjson").addEventListener("click", () => downloadResults("ndjson"));
+$("results-csv").addEventListener("click", () => downloadResults("csv"));
 $("reconcile-run").addEventListener("click", runReconcile);
 const tokenHelp = $("token-note").textContent;
 $("token-toggle").addEventListener("click", () => {

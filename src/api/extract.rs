@@ -214,9 +214,12 @@ pub(super) fn json_error(path: String, err: serde_json::Error) -> ApiError {
 }
 
 /// The JSON path to name for a body error: the path to the value at fault,
-/// extended by the member's own name when the member is unknown.
+/// extended by the member's own name when the member is unknown or missing.
 fn body_field(path: String, detail: &str) -> String {
-    let unknown = detail.strip_prefix("unknown field ").and_then(parameter_in);
+    let unknown = detail
+        .strip_prefix("unknown field ")
+        .or_else(|| detail.strip_prefix("missing field "))
+        .and_then(parameter_in);
     match (path.as_str(), unknown) {
         (".", Some(member)) => member.to_owned(),
         (".", None) => "body".to_owned(),

@@ -93,6 +93,8 @@ pub fn needed_role(method: &Method, route: &str) -> Option<Role> {
         (
             "POST",
             "/v1/parents/{parent_id}/children/{sequence}/retry"
+            | "/v1/parents/{parent_id}/retry"
+            | "/v1/parents/{parent_id}/redrive"
             | "/v1/parents/{parent_id}/reconcile"
             | "/v1/reconcile"
             | "/v1/reconcile/jobs"

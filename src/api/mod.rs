@@ -18,6 +18,7 @@ mod parents;
 mod queues;
 mod reconcile;
 mod redact;
+mod redrive;
 mod registration;
 mod results;
 mod starting;
@@ -51,6 +52,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(deliveries::router())
         .merge(children::router())
         .merge(results::router())
+        .merge(redrive::router())
         .merge(claims::router())
         .merge(queues::router())
         .merge(limits::router())

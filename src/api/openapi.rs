@@ -208,8 +208,9 @@ fn document_etags(api: &mut utoipa::openapi::OpenApi) {
         ))
         .build();
     for (path, item) in api.paths.paths.iter_mut() {
-        // An event stream is never a body to compare: it has no ETag.
-        let tagged = path.starts_with("/v1/") && !path.ends_with("/events");
+        // An event stream is never a body to compare, and results are
+        // streamed as they are read, not held to be digested: no ETag.
+        let tagged = path.starts_with("/v1/") && !path.ends_with("/events") && !path.ends_with("/results");
         let Some(op) = item.get.as_mut().filter(|_| tagged) else {
             continue;
         };

@@ -14,7 +14,7 @@ use super::whole;
 use crate::error::{ApiError, ApiResult};
 use crate::ledger::admission::{ParentAdmission, RetryBackoff};
 use crate::ledger::fingerprint::{RegistrationContent, fingerprint};
-use crate::ledger::{ExpiredLease, NewChild, ParentId, QueueName, Registration};
+use crate::ledger::{ExpiredLease, NewChild, ParentId, QueueName, Registration, Tolerance};
 use crate::limits::Limits;
 
 /// A parent registration: the full child list, written before anything is dispatched.
@@ -74,6 +74,25 @@ pub struct RegisterParent {
         pattern = "^[A-Za-z0-9._:-]{1,128}$"
     )]
     flow_key: Option<String>,
+    /// How many failed children to tolerate: `{"count": 10}` or
+    /// `{"percent": 5.0}` (of `total`). The outcome that crosses it skips
+    /// every open child (`parent failed`) and completes the parent with
+    /// verdict `failed`, in its own transaction. `null`: the parent succeeds
+    /// whatever failed.
+    tolerated_failures: Option<ToleratedFailures>,
+}
+
+/// `tolerated_failures`: exactly one of a count and a percentage.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToleratedFailures {
+    /// At most this many failed children.
+    #[schema(minimum = 0, example = 10)]
+    #[serde(default, deserialize_with = "whole::option")]
+    count: Option<i64>,
+    /// At most this percentage of `total` failed.
+    #[schema(minimum = 0, maximum = 100, example = 5.0)]
+    percent: Option<f64>,
 }
 
 /// One child of a registration.
@@ -198,6 +217,7 @@ impl RegisterParent {
             })
             .collect::<ApiResult<Vec<_>>>()?;
         let admission = admission(self.not_before, self.retry_backoff, self.flow_key)?;
+        let tolerance = tolerance(self.tolerated_failures)?;
         let queue = self.queue.unwrap_or_default();
         let decomposed = self.decomposed.unwrap_or(true);
         let expired_lease = self.expired_lease.unwrap_or_default();
@@ -210,6 +230,7 @@ impl RegisterParent {
             priority,
             webhook_url: self.webhook_url.as_deref(),
             admission: &admission,
+            tolerance,
             children: &children,
         });
         Ok(Registration {
@@ -222,6 +243,7 @@ impl RegisterParent {
             priority,
             webhook_url: self.webhook_url,
             admission,
+            tolerance,
             children,
             fingerprint,
             traceparent: None,
@@ -275,6 +297,24 @@ impl AppendChildren {
             )?);
         }
         Ok(children)
+    }
+}
+
+/// A registration's `tolerated_failures`, checked.
+fn tolerance(tolerated: Option<ToleratedFailures>) -> ApiResult<Option<Tolerance>> {
+    let Some(tolerated) = tolerated else { return Ok(None) };
+    match (tolerated.count, tolerated.percent) {
+        (Some(count), None) if count < 0 => Err(ApiError::invalid("tolerated_failures.count", "must be 0 or more")),
+        (Some(count), None) => Ok(Some(Tolerance::Count(count))),
+        (None, Some(percent)) if !(0.0..=100.0).contains(&percent) => Err(ApiError::invalid(
+            "tolerated_failures.percent",
+            "must be between 0 and 100",
+        )),
+        (None, Some(percent)) => Ok(Some(Tolerance::Percent(percent))),
+        _ => Err(ApiError::invalid(
+            "tolerated_failures",
+            "give exactly one of count and percent",
+        )),
     }
 }
 

@@ -172,7 +172,7 @@ pub(super) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// `{"type": "parent.completed", "timestamp", "data": {parent_id, queue, counts, completed_at}}`.
+/// `{"type": "parent.completed", "timestamp", "data": {parent_id, queue, counts, verdict, completed_at}}`.
 async fn event_body(state: &AppState, event: &DueEvent) -> Result<String, String> {
     let parent = state
         .store
@@ -189,6 +189,7 @@ async fn event_body(state: &AppState, event: &DueEvent) -> Result<String, String
             "parent_id": parent.parent_id,
             "queue": parent.queue,
             "counts": parent.counts,
+            "verdict": parent.verdict,
             "completed_at": completed_at,
         }
     });

@@ -168,6 +168,9 @@ mod tests {
                 ParentState::Active
             },
             complete: completed.is_some(),
+            verdict: completed.map(|_| crate::ledger::Verdict::Succeeded),
+            tolerated_failures: None,
+            redrive_of: None,
             counts: Counts {
                 total: 3,
                 processed: 2,

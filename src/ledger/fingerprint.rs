@@ -95,6 +95,7 @@ pub struct RegistrationContent<'a> {
     pub priority: i32,
     pub webhook_url: Option<&'a str>,
     pub admission: &'a super::admission::ParentAdmission,
+    pub tolerance: Option<super::verdict::Tolerance>,
     pub children: &'a [NewChild],
 }
 
@@ -134,6 +135,17 @@ pub fn fingerprint(content: &RegistrationContent<'_>) -> String {
         hasher.update(backoff.initial_seconds.to_le_bytes());
         hasher.update(backoff.max_seconds.to_le_bytes());
     }
+    match content.tolerance {
+        None => {}
+        Some(super::verdict::Tolerance::Count(count)) => {
+            hasher.update(b"tolerated_failures.count");
+            hasher.update(count.to_le_bytes());
+        }
+        Some(super::verdict::Tolerance::Percent(percent)) => {
+            hasher.update(b"tolerated_failures.percent");
+            hasher.update(percent.to_le_bytes());
+        }
+    }
     hasher.update((content.children.len() as u64).to_le_bytes());
     for child in content.children {
         hasher.update(child.sequence.to_le_bytes());
@@ -168,6 +180,7 @@ mod tests {
             max_attempts: None,
             expired_lease: ExpiredLease::Retry,
             priority: 0,
+            tolerance: None,
             webhook_url: None,
             admission: &NO_ADMISSION,
             children,

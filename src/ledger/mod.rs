@@ -11,10 +11,12 @@ pub mod outcome;
 pub mod projection;
 pub mod queue;
 pub mod reconcile;
+pub mod redrive;
 pub mod results;
 pub mod scope;
 pub mod state;
 pub mod trace;
+pub mod verdict;
 pub mod webhook;
 pub mod work;
 
@@ -25,4 +27,5 @@ pub use queue::{Queue, QueueParents, Throughput};
 pub use reconcile::{JobState, ReconcileJob, ReconcileReport, SweepReport};
 pub use scope::QueueScope;
 pub use state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};
+pub use verdict::{Tolerance, Verdict};
 pub use work::Work;

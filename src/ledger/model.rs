@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::admission::ParentAdmission;
 use super::ids::{ParentId, QueueName};
 use super::state::{ChildState, ExpiredLease, Outcome, ParentState, PreviousAttempt};
+use super::verdict::{Tolerance, Verdict};
 
 /// A parent's (or a queue's) counters: the stored projection, kept by the
 /// statements that move children (never counted per read; reconcile compares
@@ -41,6 +42,14 @@ pub struct Parent {
     /// `processed + failed + skipped >= total` on a decomposed parent.
     pub complete: bool,
     pub counts: Counts,
+    /// `null` while it is open; once complete, `succeeded`, `failed` (its
+    /// failures crossed `tolerated_failures`) or `cancelled`.
+    pub verdict: Option<Verdict>,
+    /// How many failed children it tolerates before it fails, as registered;
+    /// `null`: none (it succeeds whatever failed).
+    pub tolerated_failures: Option<Tolerance>,
+    /// The parent whose children it was redriven from; `null` when registered.
+    pub redrive_of: Option<ParentId>,
     /// Claims a child may take before an expired lease fails it; `null` = unlimited.
     pub max_attempts: Option<i32>,
     pub expired_lease: ExpiredLease,
@@ -84,6 +93,10 @@ pub struct ParentRow {
     pub decomposed_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
     pub last_progress_at: Option<DateTime<Utc>>,
+    pub tolerance: Option<Tolerance>,
+    /// A cancel completed it.
+    pub cancelled: bool,
+    pub redrive_of: Option<ParentId>,
 }
 
 impl ParentRow {
@@ -93,6 +106,15 @@ impl ParentRow {
         Parent {
             state: ParentState::derive(decomposed, self.completed_at.is_some()),
             complete: decomposed && terminal >= self.total,
+            verdict: Verdict::of(
+                self.completed_at.is_some(),
+                self.cancelled,
+                self.tolerance,
+                self.failed,
+                self.total,
+            ),
+            tolerated_failures: self.tolerance,
+            redrive_of: self.redrive_of,
             counts: Counts {
                 total: self.total,
                 processed: self.processed,
@@ -172,6 +194,15 @@ pub struct Child {
     pub conflicts: Vec<Conflict>,
     /// How many outcome writes lost to the first one, all of them.
     pub conflict_count: i64,
+    /// The child this one was redriven from; `null` for a registered child.
+    pub redrive_of: Option<RedriveOf>,
+}
+
+/// The child a redriven child was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RedriveOf {
+    pub parent_id: ParentId,
+    pub sequence: i64,
 }
 
 /// A child handed out by a claim.
@@ -242,6 +273,7 @@ pub struct Registration {
     /// Checked against `--webhook-allow-hosts`.
     pub webhook_url: Option<String>,
     pub admission: ParentAdmission,
+    pub tolerance: Option<Tolerance>,
     pub children: Vec<NewChild>,
     /// Digest of the whole registration: an identical repeat writes nothing.
     pub fingerprint: String,

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use super::verdict::{Tolerance, Verdict};
+
 /// Terminal counts of one parent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Tally {
@@ -46,9 +48,24 @@ pub struct StoredProjection {
     pub in_flight: i64,
     pub held: i64,
     pub completed_at: Option<DateTime<Utc>>,
+    /// The verdict these counters give (`null` while open).
+    #[serde(default)]
+    pub verdict: Option<Verdict>,
 }
 
 impl StoredProjection {
+    /// With the verdict its counters give under the parent's tolerance.
+    pub fn judged(mut self, tolerance: Option<Tolerance>, cancelled: bool) -> Self {
+        self.verdict = Verdict::of(
+            self.completed_at.is_some(),
+            cancelled,
+            tolerance,
+            self.failed,
+            self.total,
+        );
+        self
+    }
+
     pub fn tally(&self) -> Tally {
         Tally {
             total: self.total,
@@ -69,10 +86,16 @@ pub struct DerivedProjection {
     pub in_flight: i64,
     pub held: i64,
     pub complete: bool,
+    /// The verdict the rows give: `failed` as soon as a decomposed parent's
+    /// failed rows are past its tolerance (a repair then ends it as the
+    /// outcome that crossed it would have).
+    #[serde(default)]
+    pub verdict: Option<Verdict>,
 }
 
 impl DerivedProjection {
     pub fn from_rows(rows: Tally, open: Open, decomposed: bool) -> Self {
+        let complete = rows.is_complete(decomposed);
         Self {
             total: rows.total,
             processed: rows.processed,
@@ -80,8 +103,22 @@ impl DerivedProjection {
             skipped: rows.skipped,
             in_flight: open.in_flight,
             held: open.held,
-            complete: rows.is_complete(decomposed),
+            complete,
+            verdict: Verdict::of(complete, false, None, rows.failed, rows.total),
         }
+    }
+
+    /// With the verdict the rows give under the parent's tolerance.
+    pub fn judged(mut self, tolerance: Option<Tolerance>, cancelled: bool, decomposed: bool) -> Self {
+        let crossed = decomposed && tolerance.is_some_and(|t| t.crossed(self.failed, self.total));
+        self.verdict = Verdict::of(self.complete || crossed, cancelled, tolerance, self.failed, self.total);
+        self
+    }
+
+    /// The rows crossed the tolerance but children are still open: the
+    /// repair skips them (`parent failed`) and completes the parent.
+    pub fn ends_failed(&self) -> bool {
+        self.verdict == Some(Verdict::Failed) && !self.complete
     }
 
     pub fn open(&self) -> Open {
@@ -164,6 +201,16 @@ pub fn diff(stored: &StoredProjection, derived: &DerivedProjection) -> Vec<Chang
             to: Value::Null,
         }),
     }
+    // A completion set or cleared changes the verdict with it (to or from
+    // none): only a verdict that differs otherwise is a change of its own.
+    if stored.verdict != derived.verdict && completion_repair(stored, derived) == CompletionRepair::Keep {
+        let text = |v: Option<Verdict>| v.map_or(Value::Null, |v| Value::String(v.as_str().to_owned()));
+        changes.push(Change {
+            field: "verdict".to_owned(),
+            from: text(stored.verdict),
+            to: text(derived.verdict),
+        });
+    }
     changes
 }
 
@@ -209,6 +256,7 @@ mod tests {
             in_flight: 0,
             held: 0,
             completed_at: completed.then(Utc::now),
+            verdict: completed.then_some(Verdict::Succeeded),
         }
     }
 
@@ -255,6 +303,38 @@ mod tests {
             fields,
             [("in_flight", 5.into(), 2.into()), ("held", 0.into(), 1.into())]
         );
+    }
+
+    #[test]
+    fn a_verdict_that_differs_on_its_own_is_a_change() {
+        let tally = Tally {
+            total: 3,
+            processed: 1,
+            failed: 2,
+            skipped: 0,
+        };
+        let derived =
+            DerivedProjection::from_rows(tally, Open::default(), true).judged(Some(Tolerance::Count(1)), false, true);
+        assert_eq!(derived.verdict, Some(Verdict::Failed));
+        let stored = stored(3, 2, 1, true).judged(Some(Tolerance::Count(1)), false);
+        assert_eq!(stored.verdict, Some(Verdict::Succeeded));
+        let fields: Vec<_> = diff(&stored, &derived)
+            .into_iter()
+            .map(|c| (c.field, c.from, c.to))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("processed".to_owned(), 2.into(), 1.into()),
+                ("failed".to_owned(), 1.into(), 2.into()),
+                ("verdict".to_owned(), "succeeded".into(), "failed".into())
+            ]
+        );
+        // Open, but past its tolerance: the repair ends it.
+        let open = Tally { total: 5, ..tally };
+        let derived =
+            DerivedProjection::from_rows(open, Open::default(), true).judged(Some(Tolerance::Count(1)), false, true);
+        assert!(derived.ends_failed());
     }
 
     #[test]

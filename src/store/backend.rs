@@ -128,7 +128,8 @@ pub(crate) trait Claims {
     /// Returns a claim's children (all, or the named ones) to pending.
     async fn release(&self, release: Release<'_>) -> StoreResult<Vec<(ParentId, u64)>>;
     /// Returns a held child to pending; whether it was held.
-    async fn retry_held(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<bool>;
+    /// Returns held children (one, or all of the parent's) to pending; how many.
+    async fn retry_held(&self, parent_id: &ParentId, sequence: Option<i64>) -> StoreResult<u64>;
     /// Moves up to `batch` children whose lease ran out, in `scope` or everywhere.
     async fn expire_leases(&self, scope: Option<&ClaimScope>, batch: i64) -> StoreResult<Expired>;
 }

@@ -413,7 +413,7 @@ impl Store {
 
     /// Returns a `held` child to `pending`; one already pending is returned as is.
     pub async fn retry(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<Child> {
-        let retried = self.db.retry_held(parent_id, sequence).await?;
+        let retried = self.db.retry_held(parent_id, Some(sequence)).await? > 0;
         let child = self.child(parent_id, sequence).await?;
         if retried {
             if let Some(queue) = self.queue_of(parent_id).await? {

@@ -1,6 +1,7 @@
 //! Parents as readers see them (one, and the list), and cancel. Registration,
 //! appends and the seal are in `registration.rs`.
 
+use super::backend::Transaction;
 use super::rows;
 use super::statement::{Dialect, Sql, Statement};
 use super::{Store, StoreError, StoreResult, sql};
@@ -94,18 +95,19 @@ static LIST_NEWEST: Sql = Sql::new(|d| list_parents(d, "<", "DESC"));
 /// A cancel's parent row: `$2` children skipped, of which `$3` were in
 /// flight and `$4` held (counted as outcomes count them), sealed at what it
 /// holds and complete.
-static CLOSE_CANCELLED: Sql = Sql::new(|d| {
+static CLOSE_SKIPPED: Sql = Sql::new(|d| {
     format!(
         "UPDATE parent SET skipped = skipped + $2, settled_in_flight = settled_in_flight + $3, \
              settled_held = settled_held + $4, \
              last_progress_at = CASE WHEN $2 > 0 THEN {now} ELSE last_progress_at END, \
+             cancelled_at = CASE WHEN $5 AND completed_at IS NULL THEN {now} ELSE cancelled_at END, \
              decomposed_at = coalesce(decomposed_at, {now}), completed_at = coalesce(completed_at, {now}) \
          WHERE parent_id = $1",
         now = d.now
     )
 });
 
-/// A cancelled parent's lane: nothing left to claim.
+/// A cancelled or failed parent's lane: nothing left to claim.
 const CLOSE_LANE: &str = "UPDATE lane SET floor = NULL, ready_at = NULL WHERE parent_id = $1";
 
 /// Whether a parent is complete; no row when it is missing.
@@ -113,6 +115,40 @@ const PARENT_COMPLETE: &str = "SELECT completed_at IS NOT NULL AS complete FROM 
 
 /// The same, locking the row (after its children, as outcomes lock them).
 static LOCK_COMPLETE: Sql = Sql::new(|d| format!("{PARENT_COMPLETE}{}", d.for_update));
+
+/// Skips every open child of a parent with `reason`, then completes it
+/// (sealed at what it holds, if it was still being decomposed; `cancelled`:
+/// with verdict `cancelled`) and closes its lane, in transaction `tx`.
+/// Children are locked before the parent row, as outcomes lock them.
+/// Returns how many children it skipped, and whether this completed it.
+/// A cancel, and the outcome that crossed a parent's tolerance.
+pub(super) async fn close_skipping(
+    tx: &mut (impl Transaction + ?Sized),
+    parent_id: &ParentId,
+    reason: &str,
+    cancelled: bool,
+) -> StoreResult<(i64, bool)> {
+    let settled = tx.skip_open_children(parent_id, reason).await?;
+    let dialect = tx.dialect();
+    let row = tx
+        .fetch(Statement::new(LOCK_COMPLETE.of(dialect)).text(parent_id.as_str()))
+        .await?;
+    let Some(row) = row.first() else {
+        return Err(StoreError::ParentNotFound(parent_id.clone()));
+    };
+    let was_complete = row.bool("complete")?;
+    tx.execute(
+        Statement::new(CLOSE_SKIPPED.of(dialect))
+            .text(parent_id.as_str())
+            .int(settled.children)
+            .int(settled.from_in_flight)
+            .int(settled.from_held)
+            .bool(cancelled),
+    )
+    .await?;
+    tx.execute(Statement::new(CLOSE_LANE).text(parent_id.as_str())).await?;
+    Ok((settled.children, !was_complete))
+}
 
 impl Store {
     pub async fn parent(&self, parent_id: &ParentId, include_payload: bool) -> StoreResult<Parent> {
@@ -182,30 +218,14 @@ impl Store {
     /// parent row, as outcomes lock them. Returns how many children it skipped.
     pub async fn cancel(&self, parent_id: &ParentId, reason: &str) -> StoreResult<i64> {
         let mut tx = self.db.begin().await?;
-        let settled = tx.skip_open_children(parent_id, reason).await?;
-        let row = tx
-            .fetch(Statement::new(self.sql(&LOCK_COMPLETE)).text(parent_id.as_str()))
-            .await?;
-        let Some(row) = row.first() else {
-            return Err(StoreError::ParentNotFound(parent_id.clone()));
-        };
-        let was_complete = row.bool("complete")?;
-        tx.execute(
-            Statement::new(self.sql(&CLOSE_CANCELLED))
-                .text(parent_id.as_str())
-                .int(settled.children)
-                .int(settled.from_in_flight)
-                .int(settled.from_held),
-        )
-        .await?;
-        tx.execute(Statement::new(CLOSE_LANE).text(parent_id.as_str())).await?;
-        let completed: &[ParentId] = if was_complete {
-            &[]
-        } else {
+        let (settled, completed) = close_skipping(&mut *tx, parent_id, reason, true).await?;
+        let completed: &[ParentId] = if completed {
             std::slice::from_ref(parent_id)
+        } else {
+            &[]
         };
         self.commit_completing(tx, completed).await?;
-        Ok(settled.children)
+        Ok(settled)
     }
 
     /// Whether a parent is complete, `None` when it is missing.

@@ -4,11 +4,13 @@
 use std::sync::LazyLock;
 
 use super::backend::{DriftQuery, Transaction};
+use super::parents::close_skipping;
 use super::reconcile_jobs::{JobMark, record_drift};
 use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult, registration, sql};
 use crate::ledger::projection::{self, CompletionRepair, DerivedProjection, Open, StoredProjection, Tally};
-use crate::ledger::{ParentId, QueueName, QueueScope, ReconcileReport, SweepReport};
+use crate::ledger::verdict::PARENT_FAILED;
+use crate::ledger::{ParentId, QueueName, QueueScope, ReconcileReport, SweepReport, Tolerance};
 
 /// How many parents the reconcile sweep reads per statement.
 const SWEEP_PAGE: i64 = 500;
@@ -18,7 +20,9 @@ const SWEEP_PAGE: i64 = 500;
 static STORED_PROJECTION: Sql = Sql::new(|d| {
     format!(
         "SELECT total, processed, failed, skipped, completed_at, settled_in_flight, settled_held, \
-             decomposed_at IS NOT NULL AS decomposed FROM parent WHERE parent_id = $1{}",
+             decomposed_at IS NOT NULL AS decomposed, tolerated_count, tolerated_percent, \
+             cancelled_at IS NOT NULL AS cancelled \
+         FROM parent WHERE parent_id = $1{}",
         d.for_update
     )
 });
@@ -89,17 +93,29 @@ impl Store {
         mark: Option<JobMark<'_>>,
     ) -> StoreResult<Option<ReconcileReport>> {
         let mut tx = self.db.begin().await?;
-        let (stored, decomposed) = lock_projection(&mut *tx, parent_id)
+        let (stored, locked) = lock_projection(&mut *tx, parent_id)
             .await?
             .ok_or_else(|| StoreError::ParentNotFound(parent_id.clone()))?;
         let rows = registration::tally(&mut *tx, parent_id).await?;
         let open = open_tally(&mut *tx, parent_id).await?;
-        let derived = DerivedProjection::from_rows(rows, open, decomposed);
+        let derived = DerivedProjection::from_rows(rows, open, locked.decomposed).judged(
+            locked.tolerance,
+            locked.cancelled,
+            locked.decomposed,
+        );
         let changes = projection::diff(&stored, &derived);
         let apply = !dry_run && !changes.is_empty();
-        let completion = projection::completion_repair(&stored, &derived);
+        let mut completion = projection::completion_repair(&stored, &derived);
         if apply {
             write_repair(&mut *tx, parent_id, &rows, open, completion).await?;
+            if derived.ends_failed() {
+                // The rows are past the tolerance with children still open:
+                // end it as the outcome that crossed it would have.
+                let (_, ended) = close_skipping(&mut *tx, parent_id, PARENT_FAILED, false).await?;
+                if ended {
+                    completion = CompletionRepair::Set;
+                }
+            }
         }
         let report = ReconcileReport {
             parent_id: parent_id.clone(),
@@ -208,12 +224,20 @@ impl Store {
     }
 }
 
+/// What the verdict of a parent under reconcile depends on besides its counts.
+struct Locked {
+    decomposed: bool,
+    tolerance: Option<Tolerance>,
+    cancelled: bool,
+}
+
 /// The stored projection under the lane's and then the parent's lock, `None`
-/// when the parent is missing; the flag says it is decomposed.
+/// when the parent is missing; with whether it is decomposed, its tolerance
+/// and whether a cancel completed it.
 async fn lock_projection(
     tx: &mut dyn Transaction,
     parent_id: &ParentId,
-) -> StoreResult<Option<(StoredProjection, bool)>> {
+) -> StoreResult<Option<(StoredProjection, Locked)>> {
     let d = tx.dialect();
     let lane = tx
         .fetch(Statement::new(LANE_OPEN.of(d)).text(parent_id.as_str()))
@@ -234,8 +258,14 @@ async fn lock_projection(
         in_flight: lane_in_flight - row.int("settled_in_flight")?,
         held: lane_held - row.int("settled_held")?,
         completed_at: row.opt_time("completed_at")?,
+        verdict: None,
     };
-    Ok(Some((stored, row.bool("decomposed")?)))
+    let locked = Locked {
+        decomposed: row.bool("decomposed")?,
+        tolerance: Tolerance::from_columns(row.opt_int("tolerated_count")?, row.opt_float("tolerated_percent")?),
+        cancelled: row.bool("cancelled")?,
+    };
+    Ok(Some((stored.judged(locked.tolerance, locked.cancelled), locked)))
 }
 
 /// A parent's in-flight and held children, counted.

@@ -8,7 +8,7 @@ use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult, WRITE_CHUNK, sql};
 use crate::ledger::budget::largest_payload;
 use crate::ledger::projection::{self, SEAL_REPORT_LIMIT, Tally};
-use crate::ledger::{Appended, Changes, NewChild, Parent, ParentId, Registration, Work};
+use crate::ledger::{Appended, Changes, NewChild, Parent, ParentId, Registration, Tolerance, Work};
 
 /// How many differing sequences an append conflict names at most.
 const DIFFERING_REPORTED: usize = 100;
@@ -18,9 +18,10 @@ static REGISTER: Sql = Sql::new(|d| {
     format!(
         "INSERT INTO parent (parent_id, queue, payload, max_attempts, expired_lease, fingerprint, \
                              total, skipped, priority, child_bytes, created_at, decomposed_at, completed_at, \
-                             webhook_url, not_before, flow_key, backoff_initial, backoff_max) \
+                             webhook_url, not_before, flow_key, backoff_initial, backoff_max, \
+                             tolerated_count, tolerated_percent) \
          VALUES ($1, $2, {payload}, $4, $5, $6, $7, $8, $10, $11, {now}, CASE WHEN $9 THEN {now} END, \
-                 CASE WHEN {complete} THEN {now} END, $12, $13, $14, $15, $16) \
+                 CASE WHEN {complete} THEN {now} END, $12, $13, $14, $15, $16, $17, $18) \
          ON CONFLICT (parent_id) DO NOTHING RETURNING completed_at IS NOT NULL AS completed",
         payload = (d.json)("$3"),
         now = d.now,
@@ -155,7 +156,9 @@ impl Store {
                     .time(registration.admission.not_before)
                     .text(registration.admission.flow_key.as_deref())
                     .float(registration.admission.retry_backoff.map(|b| b.initial_seconds))
-                    .float(registration.admission.retry_backoff.map(|b| b.max_seconds)),
+                    .float(registration.admission.retry_backoff.map(|b| b.max_seconds))
+                    .int(Tolerance::columns(registration.tolerance).0)
+                    .float(Tolerance::columns(registration.tolerance).1),
             )
             .await?
             .into_iter()
@@ -304,7 +307,12 @@ impl Store {
     /// Opens a decomposed parent's lane (`OPEN_LANE`), its children all
     /// delayed first when some may have a `not_before` (`DELAY_ALL`), and the
     /// flow rows of its key.
-    async fn open_lane(&self, tx: &mut dyn Transaction, parent_id: &ParentId, delayed: bool) -> StoreResult<()> {
+    pub(super) async fn open_lane(
+        &self,
+        tx: &mut dyn Transaction,
+        parent_id: &ParentId,
+        delayed: bool,
+    ) -> StoreResult<()> {
         if delayed {
             tx.execute(Statement::new(self.sql(&DELAY_ALL)).text(parent_id.as_str()))
                 .await?;

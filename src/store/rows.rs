@@ -7,8 +7,8 @@ use uuid::Uuid;
 
 use crate::ledger::admission::{ParentAdmission, RetryBackoff};
 use crate::ledger::{
-    Child, ChildState, ClaimedChild, Conflict, OpenCounts, Outcome, Parent, ParentId, ParentRow, QueueName,
-    idempotency_key,
+    Child, ChildState, ClaimedChild, Conflict, OpenCounts, Outcome, Parent, ParentId, ParentRow, QueueName, RedriveOf,
+    Tolerance, idempotency_key,
 };
 
 /// A row as the ledger reads it, by column name. Plain types read the same
@@ -129,6 +129,9 @@ pub(crate) fn parent(row: &(impl LedgerRow + ?Sized), include_payload: bool) -> 
         decomposed_at: row.opt_time("decomposed_at")?,
         completed_at: row.opt_time("completed_at")?,
         last_progress_at: row.opt_time("last_progress_at")?,
+        tolerance: Tolerance::from_columns(row.opt_int("tolerated_count")?, row.opt_float("tolerated_percent")?),
+        cancelled: row.opt_time("cancelled_at")?.is_some(),
+        redrive_of: row.opt_text("redrive_of")?.map(ParentId::from_ledger),
     };
     let open = OpenCounts {
         // A count is never below zero, even over a drifted projection
@@ -180,7 +183,25 @@ pub(crate) fn child(row: &(impl LedgerRow + ?Sized)) -> Result<Child, sqlx::Erro
         changed_at: row.time("changed_at")?,
         conflicts,
         conflict_count: row.int("conflict_count")?,
+        redrive_of: match (
+            optional(row.opt_text("redrive_of_parent"))?,
+            optional(row.opt_int("redrive_of_sequence"))?,
+        ) {
+            (Some(parent_id), Some(sequence)) => Some(RedriveOf {
+                parent_id: ParentId::from_ledger(parent_id),
+                sequence,
+            }),
+            _ => None,
+        },
     })
+}
+
+/// A column some statements that read children do not select: `None` there.
+fn optional<T>(read: Result<Option<T>, sqlx::Error>) -> Result<Option<T>, sqlx::Error> {
+    match read {
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        other => other,
+    }
 }
 
 /// A child a claim statement leased, with its lease expiry and its parent's queue.

@@ -13,6 +13,26 @@ pub(crate) fn complete(decomposed: &str, terminal: &str, total: &str) -> String 
     format!("({decomposed} AND {terminal} >= {total})")
 }
 
+/// `Tolerance::crossed` in SQL: whether `failed` children of `total` are
+/// more than a parent's stored tolerance (`count`, `percent`: its columns,
+/// at most one set; neither: never crossed) tolerates.
+pub(crate) fn crossed(count: &str, percent: &str, failed: &str, total: &str) -> String {
+    format!(
+        "(({count} IS NOT NULL AND {failed} > {count}) \
+          OR ({count} IS NULL AND {percent} IS NOT NULL AND {failed} * 100.0 > {percent} * {total}))"
+    )
+}
+
+/// `crossed` over a parent row aliased `alias`, for `failed` failed children.
+pub(crate) fn parent_crossed(alias: &str, failed: &str) -> String {
+    crossed(
+        &format!("{alias}.tolerated_count"),
+        &format!("{alias}.tolerated_percent"),
+        failed,
+        &format!("{alias}.total"),
+    )
+}
+
 /// `complete` over a parent row's own stored projection, aliased `alias`.
 pub(crate) fn parent_complete(alias: &str) -> String {
     complete(
@@ -115,7 +135,7 @@ pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, \
     CASE WHEN h.claim_id IS NULL THEN c.lease_expires_at ELSE h.expires_at END AS lease_expires_at, \
     c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, c.outcome_attempt, c.terminal_at, \
     CASE WHEN h.claim_id IS NULL THEN c.changed_at ELSE h.claimed_at END AS changed_at, \
-    c.conflicts, c.conflict_count";
+    c.conflicts, c.conflict_count, c.redrive_of_parent, c.redrive_of_sequence";
 
 /// The tables `CHILD_COLUMNS` reads, in dialect `d`: `child c`, its lane
 /// `ln`, and its live lease `h` (none unless it is in flight), found by the
@@ -177,7 +197,8 @@ pub(crate) static PARENT_SELECT: LazyLock<String> = LazyLock::new(|| {
         "SELECT p.parent_id, p.queue, p.payload, p.max_attempts, p.expired_lease, p.priority, p.webhook_url, \
              p.not_before, p.flow_key, p.backoff_initial, p.backoff_max, \
              p.total, p.processed, p.failed, p.skipped, p.created_at, p.decomposed_at, p.completed_at, \
-             p.last_progress_at, p.position, {open_counts} \
+             p.last_progress_at, p.position, p.tolerated_count, p.tolerated_percent, p.cancelled_at, p.redrive_of, \
+             {open_counts} \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id",
         open_counts = OPEN_COUNTS.as_str()
     )
@@ -199,12 +220,13 @@ pub(crate) fn count_minute(t: &str, minute: &str, processed: &str, failed: &str)
     )
 }
 
-/// Returns a held child to pending, given back (claimable now through its
-/// `available_at`, as a released child is); `now` is the dialect's clock.
+/// Returns a parent's held child `$2` (NULL: every held child) to pending,
+/// given back (claimable now through its `available_at`, as a released
+/// child is); `now` is the dialect's clock.
 pub(crate) fn retry_held(now: &str) -> String {
     format!(
         "UPDATE child SET state = 'pending', available_at = {now}, changed_at = {now} \
-         WHERE parent_id = $1 AND sequence = $2 AND state = 'held'"
+         WHERE parent_id = $1 AND ($2 IS NULL OR sequence = $2) AND state = 'held'"
     )
 }
 
@@ -312,6 +334,59 @@ mod tests {
             .collect()
     }
 
+    /// `(count, percent, failed, total)`: every form of tolerance around its edges.
+    fn tolerances() -> Vec<(Option<i64>, Option<f64>, i64, i64)> {
+        let mut rows = Vec::new();
+        for (count, percent) in [
+            (None, None),
+            (Some(0), None),
+            (Some(2), None),
+            (None, Some(0.0)),
+            (None, Some(2.5)),
+            (None, Some(10.0)),
+            (None, Some(33.3)),
+            (None, Some(100.0)),
+        ] {
+            for total in [0, 3, 10, 40, 1_000_000] {
+                for failed in [0, 1, 2, 3, 4, 10, 333_000, 333_001] {
+                    rows.push((count, percent, failed, total));
+                }
+            }
+        }
+        rows
+    }
+
+    fn crossed_sql(values: &str) -> String {
+        format!(
+            "WITH p(tolerated_count, tolerated_percent, failed, total) AS (VALUES {values}) SELECT {} FROM p",
+            parent_crossed("p", "p.failed")
+        )
+    }
+
+    fn expected_crossed() -> Vec<bool> {
+        use crate::ledger::Tolerance;
+        tolerances()
+            .into_iter()
+            .map(|(count, percent, failed, total)| {
+                Tolerance::from_columns(count, percent).is_some_and(|t| t.crossed(failed, total))
+            })
+            .collect()
+    }
+
+    fn tolerance_values(cast_int: &str, cast_float: &str) -> String {
+        tolerances()
+            .into_iter()
+            .map(|(count, percent, failed, total)| {
+                format!(
+                    "({}, {}, {failed}{cast_int}, {total}{cast_int})",
+                    count.map_or(format!("NULL{cast_int}"), |c| format!("{c}{cast_int}")),
+                    percent.map_or(format!("NULL{cast_float}"), |p| format!("{p:?}{cast_float}")),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     fn expected_attempts() -> Vec<(Option<i32>, Option<i32>, bool)> {
         claims()
             .into_iter()
@@ -386,6 +461,12 @@ mod tests {
             .unwrap();
         assert_eq!(got, expected_complete());
 
+        let got: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(crossed_sql(&tolerance_values("", ""))))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, expected_crossed());
+
         let rows = claims();
         let claims_sql = rows
             .into_iter()
@@ -433,6 +514,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(got, expected_complete());
+
+        let got: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(crossed_sql(&tolerance_values("::bigint", "::float8"))))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(got, expected_crossed());
 
         let claims_sql = claims()
             .into_iter()

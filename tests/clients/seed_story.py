@@ -6,7 +6,8 @@
 
 Registers a parent with one skipped child, claims from a queue, posts a batch
 of outcomes, meets a conflict, lets a lease expire and reclaims, completes the
-parent and runs reconcile as a dry run, asserting what the service answers at
+parent, reads its verdict, summary and results (NDJSON and CSV), and runs
+reconcile as a dry run, asserting what the service answers at
 each step. Worker calls carry a worker token, the rest an admin token (both
 as `Authorization: Bearer`). Prints one JSON summary line on success; any
 failed check exits non-zero with the step that failed.
@@ -17,16 +18,18 @@ openapi/openapi.json that breaks what a generated client sees breaks it.
 """
 
 import argparse
+import csv
+import io
 import json
 import os
 import sys
 import time
 
 from child_ledger_client import AuthenticatedClient
-from child_ledger_client.api.children import get_child
+from child_ledger_client.api.children import get_child, parent_results
 from child_ledger_client.api.claims import claim_from_queue, extend_claim
 from child_ledger_client.api.outcomes import record_outcome, record_outcomes
-from child_ledger_client.api.parents import get_parent, register_parent
+from child_ledger_client.api.parents import get_parent, parent_summary, register_parent
 from child_ledger_client.api.reconcile import reconcile_all, reconcile_parent
 from child_ledger_client.models import (
     BatchOutcome,
@@ -50,7 +53,9 @@ from child_ledger_client.models import (
     RecordOutcome,
     RecordOutcomes,
     RegisterParent,
+    Summary,
     SweepReport,
+    Verdict,
 )
 from child_ledger_client.types import UNSET
 
@@ -165,8 +170,32 @@ def main():
     assert parent.completed_at not in (None, UNSET), parent
     assert (counts.total, counts.processed, counts.failed, counts.skipped) == (5, 3, 1, 1), counts
     assert (counts.pending, counts.in_flight, counts.held) == (0, 0, 0), counts
+    assert parent.verdict == Verdict.SUCCEEDED, parent  # no tolerance: a failure does not fail it
 
-    # 7. Reconcile as a dry run: nothing drifted. It is an admin's call.
+    # 7. What came back: the summary's reasons, and every child's result as NDJSON and CSV.
+    summary = expect(parent_summary.sync_detailed(PARENT, client=worker), 200, Summary, "summary")
+    assert (summary.counts.processed, summary.counts.failed, summary.counts.skipped) == (3, 1, 1), summary
+    reasons = [(r.state, r.reason, r.count) for r in summary.reasons]
+    assert reasons == [(ChildState.FAILED, "remote rejected the event", 1),
+                       (ChildState.SKIPPED, SKIP_REASON, 1)], reasons
+    text = expect(parent_results.sync_detailed(PARENT, client=worker), 200, str, "results")
+    results = [json.loads(line) for line in text.splitlines()]
+    assert [(r["sequence"], r["key"], r["state"]) for r in results] == [
+        (0, "evt-0", "processed"), (1, "evt-1", "failed"), (2, "evt-2", "skipped"),
+        (3, "evt-3", "processed"), (4, "evt-4", "processed")], results
+    assert results[0]["result"] == {"remote_id": "r-0"} and results[0]["attempt"] == 1, results[0]
+    assert results[1]["reason"] == "remote rejected the event", results[1]
+    assert results[3]["attempt"] == 2 and results[3]["finished_at"], results[3]
+    as_csv = worker.with_headers({"Accept": "text/csv"})
+    text = expect(parent_results.sync_detailed(PARENT, client=as_csv, state=ChildState.PROCESSED), 200, str,
+                  "results as CSV")
+    records = list(csv.reader(io.StringIO(text)))
+    assert records[0] == ["sequence", "key", "state", "attempt", "result", "reason", "finished_at"], records
+    assert [(r[0], r[2], json.loads(r[4])) for r in records[1:]] == [
+        ("0", "processed", {"remote_id": "r-0"}), ("3", "processed", {"deduplicated": False}),
+        ("4", "processed", {"deduplicated": False})], records
+
+    # 8. Reconcile as a dry run: nothing drifted. It is an admin's call.
     dry = ReconcileParent(dry_run=True)
     expect(reconcile_parent.sync_detailed(PARENT, client=worker, body=dry), 403, Problem, "reconcile as worker")
     report = expect(reconcile_parent.sync_detailed(PARENT, client=admin, body=dry), 200, ReconcileReport, "reconcile")

@@ -11,9 +11,11 @@ use uuid::Uuid;
 
 use super::outcomes::BUMP_PARENTS;
 use super::{PgStore, PgTx};
+use crate::ledger::verdict::PARENT_FAILED;
 use crate::ledger::{ClaimScope, ParentId};
-use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Release};
+use crate::store::backend::{Claims, Expired, Extended, LaneClaimParams, Outbox, Release};
 use crate::store::error::retry_transient;
+use crate::store::parents::close_skipping;
 use crate::store::reports::LaneClaim;
 use crate::store::{StoreResult, sql};
 
@@ -151,22 +153,23 @@ impl Claims for PgStore {
         Ok(released)
     }
 
-    /// Returns a held child to pending, given back (due now); whether it did.
-    async fn retry_held(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<bool> {
-        let retried: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+    /// Returns held children to pending, given back (due now); how many.
+    async fn retry_held(&self, parent_id: &ParentId, sequence: Option<i64>) -> StoreResult<u64> {
+        let retried: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "WITH turn AS (SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE), \
              retried AS ({} AND (SELECT count(*) FROM turn) >= 0 RETURNING sequence), \
              lowered AS ( \
-                 UPDATE lane SET ready_at = least(ready_at, now()), held_out = held_out + 1 \
+                 UPDATE lane SET ready_at = least(ready_at, now()), \
+                     held_out = held_out + (SELECT count(*) FROM retried) \
                  WHERE parent_id = $1 AND EXISTS (SELECT 1 FROM retried)) \
-             SELECT EXISTS (SELECT 1 FROM retried)",
+             SELECT count(*) FROM retried",
             sql::retry_held("now()")
         )))
         .bind(parent_id.as_str())
         .bind(sequence)
         .fetch_one(&self.pool)
         .await?;
-        Ok(retried)
+        Ok(retried as u64)
     }
 
     /// Moves the children of up to `batch` leases that ran out, in `scope` or
@@ -209,11 +212,22 @@ impl Claims for PgStore {
                     .bind(parent_id)
                     .execute(&mut *tx)
                     .await?;
-                let rows = sqlx::query_as(EXPIRE_IN_PARENT.as_str())
+                let mut rows: Vec<(Option<String>, i64)> = sqlx::query_as(EXPIRE_IN_PARENT.as_str())
                     .bind(claims)
                     .bind(parent_id)
                     .fetch_all(&mut *tx)
                     .await?;
+                // Children failed by exhausted attempts count against a
+                // tolerance too: the expiry that crosses it ends the parent.
+                if rows.iter().any(|(parent, n)| parent.is_some() && *n == CROSSED) {
+                    rows.retain(|(parent, n)| parent.is_none() || *n != CROSSED);
+                    let parent = ParentId::from_ledger(parent_id.clone());
+                    let (_, completed) = close_skipping(&mut tx, &parent, PARENT_FAILED, false).await?;
+                    if completed {
+                        tx.enqueue_completed(std::slice::from_ref(&parent)).await?;
+                        rows.push((Some(parent_id.clone()), 0));
+                    }
+                }
                 tx.commit().await?;
                 Ok(rows)
             })
@@ -228,6 +242,9 @@ impl Claims for PgStore {
         Ok(Expired { moved, completed, more })
     }
 }
+
+/// What `EXPIRE_IN_PARENT` says beside a parent whose tolerance it crossed.
+const CROSSED: i64 = -1;
 
 /// Ends the leases of claims `$1` on parent `$2` that ran out, its lane
 /// locked: their children still held fail when their attempts are
@@ -271,7 +288,8 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
                  held_in = held_in + (SELECT count(*) FROM moved WHERE state = 'held') \
              WHERE parent_id = $2 AND EXISTS (SELECT 1 FROM moved)) \
          SELECT NULL, count(*) FROM moved \
-         UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed",
+         UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed \
+         UNION ALL SELECT parent_id, {CROSSED} FROM bumped WHERE crossed",
         bump = BUMP_PARENTS.as_str(),
         listed = super::listed("l"),
         backoff = sql::backoff_seconds(RANDOM, "p", "c.attempts + 1")

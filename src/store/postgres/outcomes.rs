@@ -9,9 +9,11 @@ use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::{PgStore, PgTx};
+use crate::ledger::verdict::PARENT_FAILED;
 use crate::ledger::{OutcomeWrite, ParentId};
-use crate::store::backend::{LoserWrites, Outcomes};
+use crate::store::backend::{LoserWrites, Outbox, Outcomes};
 use crate::store::error::retry_transient;
+use crate::store::parents::close_skipping;
 use crate::store::reports::{Applied, LoserFacts};
 use crate::store::rows::parse_column;
 use crate::store::{StoreResult, sql};
@@ -27,6 +29,8 @@ use crate::store::{StoreResult, sql};
 /// short of the total (so another transaction that started in the same
 /// microsecond and completed it first is not counted twice). Their webhook
 /// events are written by the same statement (`webhooks::ENQUEUE_BUMPED`).
+/// `crossed` holds where this statement's failures took the parent past its
+/// tolerance: the caller ends it in the same transaction.
 pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "bumped AS ( \
@@ -38,7 +42,8 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
              FROM deltas d WHERE p.parent_id = d.parent_id \
              RETURNING p.parent_id, p.completed_at = now() \
                  AND p.processed + p.failed + p.skipped - d.processed - d.failed - d.skipped < p.total \
-                 AS completed), \
+                 AS completed, \
+                 {crossed} AND NOT {crossed_before} AS crossed), \
          {enqueue}",
         sql::complete(
             "p.decomposed_at IS NOT NULL",
@@ -46,6 +51,8 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
             "p.total"
         ),
         minute = sql::count_minute("p.", super::MINUTE, "d.processed", "d.failed"),
+        crossed = sql::parent_crossed("p", "p.failed"),
+        crossed_before = sql::parent_crossed("p", "p.failed - d.failed"),
         enqueue = super::webhooks::ENQUEUE_BUMPED.as_str()
     )
 });
@@ -74,7 +81,10 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// it might race a claim that is leasing it now; unless the caller holds the
 /// lane's lock (`$8`), the statement then writes nothing and says so with a
 /// row of NULLs, and is run again under the lock (which also moves the floor
-/// past the children it made terminal).
+/// past the children it made terminal). A parent with a tolerance is
+/// written only under its lane's lock too: the outcome that crosses it ends
+/// the parent in the same transaction (`end_crossed`), and no claim may take
+/// a child meanwhile. A crossed parent comes back as `(parent, CROSSED)`.
 pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM ln)", "EXISTS (SELECT 1 FROM ln)");
     let holder = format!(
@@ -100,6 +110,9 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  l.sequences IS NULL OR cardinality(s.sequences) = l.hi - l.lo + 1 AS dense \
              FROM claim_lease l, LATERAL (SELECT coalesce(l.sequences, '{{}}'::bigint[]) AS sequences) s \
              WHERE l.parent_id = $7 AND l.claim_id = ANY ($6::uuid[])), \
+         tolerant AS ( \
+             SELECT 1 FROM parent WHERE NOT $8 AND parent_id = $7 \
+               AND (tolerated_count IS NOT NULL OR tolerated_percent IS NOT NULL)), \
          racing AS ( \
              SELECT 1 FROM input u \
              WHERE NOT $8 AND u.sequence >= (SELECT floor FROM ln) AND EXISTS ( \
@@ -122,6 +135,7 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                      AND (h.dense OR u.sequence = ANY (h.sequences)) \
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                AND c.state IN ('pending', 'held') AND {fenced} AND NOT EXISTS (SELECT 1 FROM racing) \
+               AND NOT EXISTS (SELECT 1 FROM tolerant) \
              RETURNING c.parent_id, c.sequence, c.state, c.settled_from, c.claim_id), \
          counted AS ( \
              SELECT claim_id, count(*) AS n FROM applied WHERE settled_from = 'in_flight' GROUP BY claim_id), \
@@ -147,7 +161,9 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          {bump} \
          SELECT parent_id, sequence FROM applied \
          UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed \
-         UNION ALL SELECT NULL, NULL FROM racing",
+         UNION ALL SELECT parent_id, {CROSSED} FROM bumped WHERE crossed \
+         UNION ALL SELECT NULL, NULL FROM racing \
+         UNION ALL SELECT NULL, NULL FROM tolerant",
         credited = sql::credited_attempt("u.claim_id", &view),
         fenced = sql::fence_admits("u.claim_id", &view),
         attempts = view.attempts,
@@ -155,6 +171,10 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
         bump = BUMP_PARENTS.as_str()
     )
 });
+
+/// The sequence `APPLY_OUTCOMES` names a parent whose tolerance it crossed
+/// with (no child has it).
+const CROSSED: i64 = -1;
 
 /// Appends a losing write to its child's conflict log.
 static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
@@ -211,8 +231,10 @@ impl Outcomes for PgStore {
 impl PgStore {
     /// Applies the writes parent by parent in id order, in one transaction;
     /// with `locked`, each parent's lane locked first (for writes that may
-    /// race a claim, see `APPLY_OUTCOMES`), and otherwise a parent whose
-    /// writes need it goes again with it.
+    /// race a claim, or of a parent with a tolerance: see `APPLY_OUTCOMES`),
+    /// and otherwise a parent whose writes need it goes again with it. A
+    /// parent whose tolerance the writes crossed ends here, before the
+    /// commit: its open children skipped (`parent failed`), its lane closed.
     async fn apply_by_parent(
         &self,
         by_parent: &BTreeMap<&str, Vec<&OutcomeWrite>>,
@@ -230,11 +252,19 @@ impl PgStore {
                 .bind(*parent_id)
                 .execute(&mut *tx)
                 .await?;
-            rows.extend(
-                apply_in_parent(&mut *tx, sql, parent_id, writes, true)
-                    .await?
-                    .unwrap_or_default(),
-            );
+            let applied = apply_in_parent(&mut *tx, sql, parent_id, writes, true)
+                .await?
+                .unwrap_or_default();
+            let crossed = applied.iter().any(|(_, sequence)| *sequence == Some(CROSSED));
+            rows.extend(applied.into_iter().filter(|(_, sequence)| *sequence != Some(CROSSED)));
+            if crossed {
+                let parent = ParentId::from_ledger((*parent_id).to_owned());
+                let (_, completed) = close_skipping(&mut tx, &parent, PARENT_FAILED, false).await?;
+                if completed {
+                    tx.enqueue_completed(std::slice::from_ref(&parent)).await?;
+                    rows.push((parent_id.to_string(), None));
+                }
+            }
         }
         tx.commit().await?;
         Ok(rows)

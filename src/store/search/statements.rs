@@ -46,7 +46,8 @@ const SETTLED_STATES: &str = "('processed', 'failed', 'skipped', 'held')";
 /// lease holds (terminal, held, pending).
 const ROW_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c.attempts, c.claim_id, \
     c.claimed_by, c.lease_expires_at, c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, \
-    c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count";
+    c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count, c.redrive_of_parent, \
+    c.redrive_of_sequence";
 
 /// Whether the child row `c` (pending, no `available_at`) is one a lease
 /// holds: its parent has a lane whose floor has passed it (`sql::leased`).

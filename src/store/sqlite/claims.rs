@@ -182,8 +182,8 @@ impl Claims for SqliteStore {
             .collect())
     }
 
-    /// Returns a held child to pending; whether it did.
-    async fn retry_held(&self, parent_id: &ParentId, sequence: i64) -> StoreResult<bool> {
+    /// Returns held children to pending; how many.
+    async fn retry_held(&self, parent_id: &ParentId, sequence: Option<i64>) -> StoreResult<u64> {
         let mut tx = self.held_tx().await?;
         let retried = sqlx::query(RETRY_HELD.as_str())
             .bind(parent_id.as_str())
@@ -191,21 +191,22 @@ impl Claims for SqliteStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
-        if retried == 1 {
+        if retried > 0 {
             static RETRIED: LazyLock<String> = LazyLock::new(|| {
                 format!(
-                    "UPDATE lane SET held_out = held_out + 1, \
+                    "UPDATE lane SET held_out = held_out + ?2, \
                          ready_at = CASE WHEN ready_at IS NULL OR ready_at > {NOW} THEN {NOW} ELSE ready_at END \
                      WHERE parent_id = ?1"
                 )
             });
             sqlx::query(RETRIED.as_str())
                 .bind(parent_id.as_str())
+                .bind(retried as i64)
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
-        Ok(retried == 1)
+        Ok(retried)
     }
 
     /// Moves the children of up to `batch` leases that ran out, in `scope` or

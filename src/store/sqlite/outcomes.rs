@@ -10,8 +10,10 @@ use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::{NOW, SqliteStore, SqliteTx};
+use crate::ledger::verdict::PARENT_FAILED;
 use crate::ledger::{OutcomeWrite, ParentId};
 use crate::store::backend::{LoserWrites, Outbox, Outcomes};
+use crate::store::parents::close_skipping;
 use crate::store::reports::{Applied, LoserFacts};
 use crate::store::rows::parse_column;
 use crate::store::{StoreResult, sql};
@@ -181,24 +183,37 @@ pub(super) struct Counted {
 pub(super) async fn bump_parents(tx: &mut SqliteTx, deltas: &BTreeMap<&str, Counted>) -> StoreResult<Vec<ParentId>> {
     let mut completed = Vec::new();
     for (parent_id, delta) in deltas {
+        // Says whether this statement's failures took the parent past its tolerance.
         static BUMP: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "UPDATE parent SET processed = processed + ?2, failed = failed + ?3, skipped = skipped + ?4, \
                  settled_in_flight = settled_in_flight + ?5, settled_held = settled_held + ?6, \
-                 last_progress_at = {now}, {minute} WHERE parent_id = ?1",
+                 last_progress_at = {now}, {minute} WHERE parent_id = ?1 \
+                 RETURNING completed_at IS NULL AND {crossed} AND NOT {crossed_before} AS crossed",
                 now = NOW,
-                minute = sql::count_minute("", super::MINUTE, "?2", "?3")
+                minute = sql::count_minute("", super::MINUTE, "?2", "?3"),
+                crossed = sql::parent_crossed("parent", "failed"),
+                crossed_before = sql::parent_crossed("parent", "(failed - ?3)")
             )
         });
-        sqlx::query(BUMP.as_str())
+        let crossed: Option<bool> = sqlx::query_scalar(BUMP.as_str())
             .bind(parent_id)
             .bind(delta.processed)
             .bind(delta.failed)
             .bind(delta.skipped)
             .bind(delta.from_in_flight)
             .bind(delta.from_held)
-            .execute(&mut **tx)
+            .fetch_optional(&mut **tx)
             .await?;
+        if crossed == Some(true) {
+            // The rest of the parent is skipped and it completes, failed, here.
+            let parent = ParentId::from_ledger((*parent_id).to_owned());
+            let (_, ended) = close_skipping(&mut *tx, &parent, PARENT_FAILED, false).await?;
+            if ended {
+                completed.push(parent);
+            }
+            continue;
+        }
         let done: Option<String> = sqlx::query_scalar(COMPLETE_PARENT.as_str())
             .bind(parent_id)
             .fetch_optional(&mut **tx)
