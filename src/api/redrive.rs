@@ -16,7 +16,7 @@ use super::validate::{MAX_REASON_CHARS, max_chars};
 use super::whole;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::redrive::{MAX_REASONS, Redrive};
-use crate::ledger::{ChildState, Outcome, Parent, ParentId, QueueName};
+use crate::ledger::{Outcome, Parent, ParentId, QueueName};
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -31,16 +31,17 @@ pub struct RedriveParent {
     /// The new parent's id: the same redrive again answers `200` with it;
     /// another parent under that id is a `409`.
     #[schema(example = "P-42-r1")]
-    into: String,
+    into: ParentId,
     /// The terminal states to run again; default `["failed"]`.
-    #[schema(example = json!(["failed"]))]
+    #[schema(example = json!(["failed"]), min_items = 1)]
     states: Option<Vec<Outcome>>,
     /// Only children whose reason is one of these (1-100, each at most 1000
     /// characters); default: any reason.
-    #[schema(example = json!(["timeout"]))]
+    #[schema(example = json!(["timeout"]), min_items = 1, max_items = 100)]
     reasons: Option<Vec<String>>,
     /// The new parent's queue; default: the old parent's.
-    queue: Option<String>,
+    #[schema(example = "events")]
+    queue: Option<QueueName>,
     /// The new parent's priority (-100..100); default: the old parent's.
     #[schema(minimum = -100, maximum = 100)]
     #[serde(default, deserialize_with = "whole::option")]
@@ -88,7 +89,7 @@ async fn redrive_parent(
     AppJson(body): AppJson<RedriveParent>,
 ) -> ApiResult<impl IntoResponse> {
     let from = parent_id_param(&parent_id)?;
-    let into = ParentId::parse(&body.into).map_err(|e| ApiError::invalid("into", e.to_string()))?;
+    let into = body.into;
     if into == from {
         return Err(ApiError::invalid("into", "must name a new parent, not this one"));
     }
@@ -112,12 +113,7 @@ async fn redrive_parent(
             max_chars(&format!("reasons[{i}]"), reason, MAX_REASON_CHARS)?;
         }
     }
-    let queue = body
-        .queue
-        .as_deref()
-        .map(QueueName::parse)
-        .transpose()
-        .map_err(|e| ApiError::invalid("queue", e.to_string()))?;
+    let queue = body.queue;
     if let Some(priority) = body.priority
         && !(-100..=100).contains(&priority)
     {
@@ -173,8 +169,15 @@ async fn redrive_parent(
 #[serde(deny_unknown_fields)]
 pub struct RetryChildren {
     /// The states to return to pending: `["held"]`, the only one a retry applies to.
-    #[schema(example = json!(["held"]))]
-    states: Vec<ChildState>,
+    #[schema(example = json!(["held"]), min_items = 1)]
+    states: Vec<Retryable>,
+}
+
+/// The state a bulk retry applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Retryable {
+    Held,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -203,7 +206,7 @@ async fn retry_children(
     AppJson(body): AppJson<RetryChildren>,
 ) -> ApiResult<Json<Retried>> {
     let parent_id = parent_id_param(&parent_id)?;
-    if body.states != [ChildState::Held] {
+    if body.states.is_empty() {
         return Err(ApiError::invalid(
             "states",
             "must be [\"held\"]: only a held child is retried (a terminal one is redriven into a new parent)",
