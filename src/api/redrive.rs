@@ -91,7 +91,10 @@ async fn redrive_parent(
     let from = parent_id_param(&parent_id)?;
     let into = body.into;
     if into == from {
-        return Err(ApiError::invalid("into", "must name a new parent, not this one"));
+        // That parent exists, with other content: as for any other taken id.
+        return Err(ApiError::RegistrationConflict(format!(
+            "into: parent {into} is the one redriven; a redrive registers a new parent"
+        )));
     }
     let mut states = body.states.unwrap_or_else(|| vec![Outcome::Failed]);
     if states.is_empty() {
