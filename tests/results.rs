@@ -335,6 +335,65 @@ async fn summary_is_the_rows(backend: Backend) {
     assert_eq!(summary["reasons"], json!(expected));
 }
 
+/// The summary reads the reason counts kept beside the rows, not the rows:
+/// reconcile finds kept counts that drifted from the rows, and rewrites them.
+async fn drifted_reason_counts_are_reconciled(backend: Backend) {
+    let app = spawn_app(backend).await;
+    build(&app).await;
+    let before = ok(app.get("/v1/parents/R/summary").await, "summary").await;
+    let r = app.post("/v1/parents/R/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(r.body["changes"], json!([]), "{r:?}");
+
+    app.exec("UPDATE child_reason SET n = n + 1000 WHERE parent_id = 'R' AND state = 'skipped'")
+        .await;
+    let drifted = ok(app.get("/v1/parents/R/summary").await, "summary").await;
+    assert_eq!(drifted["reasons"][0]["state"], "skipped", "{drifted}");
+    assert!(drifted["reasons"][0]["count"].as_i64().unwrap() > 1000, "{drifted}");
+
+    let r = app.post("/v1/parents/R/reconcile", json!({"dry_run": true})).await;
+    let changes = r.body["changes"].as_array().unwrap().clone();
+    assert_eq!(changes.len(), 1, "only the reasons drifted: {changes:?}");
+    assert_eq!(changes[0]["field"], "reasons");
+    let from = changes[0]["from"].as_array().unwrap();
+    let to = changes[0]["to"].as_array().unwrap();
+    assert!(!from.is_empty() && from.len() == to.len(), "{changes:?}");
+    for (kept, rows) in from.iter().zip(to) {
+        assert_eq!(kept["state"], "skipped");
+        assert_eq!(
+            (kept["state"].clone(), kept["reason"].clone()),
+            (rows["state"].clone(), rows["reason"].clone())
+        );
+        assert_eq!(kept["count"].as_i64().unwrap() - 1000, rows["count"].as_i64().unwrap());
+    }
+    assert_eq!(
+        ok(app.get("/v1/parents/R/summary").await, "summary").await,
+        drifted,
+        "a dry run writes nothing"
+    );
+
+    let r = app.post("/v1/parents/R/reconcile", json!({"dry_run": false})).await;
+    assert_eq!(r.body["applied"], true, "{r:?}");
+    assert_eq!(ok(app.get("/v1/parents/R/summary").await, "summary").await, before);
+    let r = app.post("/v1/parents/R/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(r.body["changes"], json!([]), "{r:?}");
+
+    // Counts lost altogether are found by a sweep too, and recounted.
+    app.exec("DELETE FROM child_reason WHERE parent_id = 'R'").await;
+    assert_eq!(
+        ok(app.get("/v1/parents/R/summary").await, "summary").await["reasons"],
+        json!([])
+    );
+    let r = app.post("/v1/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(r.body["drifted"], 1, "{r:?}");
+    assert_eq!(r.body["parents"][0]["parent_id"], "R", "{r:?}");
+    let r = app.post("/v1/reconcile", json!({"dry_run": false})).await;
+    assert_eq!(r.body["repaired"], 1, "{r:?}");
+    assert_eq!(r.body["parents"][0]["changes"][0]["field"], "reasons", "{r:?}");
+    assert_eq!(ok(app.get("/v1/parents/R/summary").await, "summary").await, before);
+    let r = app.post("/v1/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(r.body["drifted"], 0, "{r:?}");
+}
+
 async fn bad_requests_are_refused(backend: Backend) {
     let app = spawn_app(backend).await;
     let r = app
@@ -400,6 +459,7 @@ async fn a_token_sees_only_its_queues(backend: Backend) {
 both_stores!(
     results_are_the_children,
     summary_is_the_rows,
+    drifted_reason_counts_are_reconciled,
     bad_requests_are_refused,
     a_token_sees_only_its_queues
 );

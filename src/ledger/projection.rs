@@ -141,10 +141,15 @@ impl DerivedProjection {
 /// One field reconcile changes (or would change).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Change {
+    /// A counter, `completed_at`, `verdict`, or `reasons` (the failure and
+    /// skip reason counts the summary reads).
     pub field: String,
-    /// The stored value (a timestamp string or `null` for `completed_at`).
+    /// The stored value (a timestamp string or `null` for `completed_at`;
+    /// for `reasons`, the `{state, reason, count}` pairs whose kept count
+    /// differs from the rows', at most 20).
     pub from: Value,
-    /// The derived value; for `completed_at`, `"set"` (to the repair time) or `null`.
+    /// The derived value; for `completed_at`, `"set"` (to the repair time) or
+    /// `null`; for `reasons`, the same pairs counted from the rows.
     pub to: Value,
 }
 

@@ -1,11 +1,15 @@
 //! What a parent gave back: each child's outcome as the results export
 //! writes it, and the summary of its reasons.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use serde_json::{Value, json};
 use utoipa::ToSchema;
 
+use super::projection::Change;
 use super::{ChildState, Counts};
 
 /// How many reasons a summary lists.
@@ -93,6 +97,41 @@ pub struct Summary {
     pub reasons: Vec<ReasonCount>,
 }
 
+/// Reconcile's change for a parent's kept reason counts (`kept`) against
+/// those counted from its rows (`rows`): the (state, reason) pairs whose
+/// counts differ (a pair missing on one side counts 0 there), 20 at most, in
+/// state and reason order; `None` when they agree.
+pub fn reasons_change(kept: &[ReasonCount], rows: &[ReasonCount]) -> Option<Change> {
+    let mut both: BTreeMap<(&str, Option<&str>), (i64, i64)> = BTreeMap::new();
+    for r in kept {
+        both.entry((r.state.as_str(), r.reason.as_deref())).or_default().0 += r.count;
+    }
+    for r in rows {
+        both.entry((r.state.as_str(), r.reason.as_deref())).or_default().1 += r.count;
+    }
+    let differ: Vec<_> = both
+        .into_iter()
+        .filter(|(_, (kept, rows))| kept != rows)
+        .take(SUMMARY_REASONS as usize)
+        .collect();
+    if differ.is_empty() {
+        return None;
+    }
+    let side = |pick: fn(&(i64, i64)) -> i64| {
+        Value::Array(
+            differ
+                .iter()
+                .map(|((state, reason), n)| json!({"state": state, "reason": reason, "count": pick(n)}))
+                .collect(),
+        )
+    };
+    Some(Change {
+        field: "reasons".to_owned(),
+        from: side(|n| n.0),
+        to: side(|n| n.1),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +167,67 @@ mod tests {
         open.finished_at = None;
         open.csv_row(&mut out);
         assert_eq!(out, "7,,pending,,,,\r\n");
+    }
+
+    fn count(state: ChildState, reason: Option<&str>, count: i64) -> ReasonCount {
+        ReasonCount {
+            state,
+            reason: reason.map(str::to_owned),
+            count,
+        }
+    }
+
+    #[test]
+    fn kept_reasons_that_agree_are_no_change() {
+        let rows = [
+            count(ChildState::Failed, Some("timeout"), 3),
+            count(ChildState::Skipped, None, 1),
+        ];
+        let kept = [rows[1].clone(), rows[0].clone()];
+        assert_eq!(reasons_change(&kept, &rows), None);
+        assert_eq!(reasons_change(&[], &[]), None);
+    }
+
+    #[test]
+    fn kept_reasons_that_differ_show_each_pair_that_differs() {
+        let rows = [
+            count(ChildState::Failed, Some("timeout"), 3),
+            count(ChildState::Failed, Some(""), 2),
+            count(ChildState::Skipped, None, 1),
+        ];
+        // A count off by two, an empty reason missing (not the same as no
+        // reason), and a pair no row has.
+        let kept = [
+            count(ChildState::Failed, Some("timeout"), 5),
+            count(ChildState::Failed, None, 2),
+            count(ChildState::Skipped, None, 1),
+        ];
+        let change = reasons_change(&kept, &rows).unwrap();
+        assert_eq!(change.field, "reasons");
+        assert_eq!(
+            change.from,
+            json!([
+                {"state": "failed", "reason": null, "count": 2},
+                {"state": "failed", "reason": "", "count": 0},
+                {"state": "failed", "reason": "timeout", "count": 5},
+            ])
+        );
+        assert_eq!(
+            change.to,
+            json!([
+                {"state": "failed", "reason": null, "count": 0},
+                {"state": "failed", "reason": "", "count": 2},
+                {"state": "failed", "reason": "timeout", "count": 3},
+            ])
+        );
+    }
+
+    #[test]
+    fn a_change_lists_twenty_pairs_at_most() {
+        let rows: Vec<_> = (0..50)
+            .map(|i| count(ChildState::Failed, Some(&format!("r{i:02}")), 1))
+            .collect();
+        let change = reasons_change(&[], &rows).unwrap();
+        assert_eq!(change.to.as_array().unwrap().len(), 20);
     }
 }

@@ -39,15 +39,17 @@ static CHILD_BY_KEY: Sql = Sql::new(|d| {
     )
 });
 
-/// Up to `$4` children of parent `$1` after sequence `$3`, in sequence order,
-/// optionally in state `$2` (as readers see it: an in-flight child's row
-/// says `pending`).
+/// Up to `$4` children of parent `$1` after sequence `$3` (-1: from the
+/// first), in sequence order, optionally in state `$2` (as readers see it:
+/// an in-flight child's row says `pending`). `$3` is always a bound: a
+/// generic plan of `$3 IS NULL OR ...` could not start the primary key's
+/// range at it, so a page deep in a large parent scanned it from the first.
 static CHILDREN: Sql = Sql::new(|d| {
     format!(
         "SELECT {} FROM {} \
          WHERE c.parent_id = $1 \
            AND ($2 IS NULL OR (CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END) = $2) \
-           AND ($3 IS NULL OR c.sequence > $3) \
+           AND c.sequence > $3 \
          ORDER BY c.sequence LIMIT $4",
         sql::CHILD_COLUMNS,
         sql::child_view(d)
@@ -91,7 +93,7 @@ impl Store {
                     Statement::new(self.sql(&CHILDREN))
                         .text(parent_id.as_str())
                         .text(state.map(ChildState::as_str))
-                        .int(cursor)
+                        .int(cursor.unwrap_or(-1))
                         .int(want + 1),
                 )
                 .await?;

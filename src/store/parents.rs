@@ -61,7 +61,10 @@ static PARENT_BY_ID: Sql = Sql::new(|_| format!("{} WHERE p.parent_id = $1", sql
 
 const PARENT_QUEUE: &str = "SELECT queue FROM parent WHERE parent_id = $1";
 
-/// The parent list in either order (see `ParentFilter`).
+/// The parent list in either order (see `ParentFilter`). The cursor `$3` is
+/// always a bound (the first page's lies past every position): a generic
+/// plan of `$3 IS NULL OR ...` could not start the position index's range
+/// at it, so a page deep in a long list walked every parent before it.
 fn list_parents(d: &Dialect, after: &str, order: &str) -> String {
     format!(
         "{select} \
@@ -70,7 +73,7 @@ fn list_parents(d: &Dialect, after: &str, order: &str) -> String {
                 OR ($2 = 'decomposing' AND p.decomposed_at IS NULL) \
                 OR ($2 = 'active' AND p.decomposed_at IS NOT NULL AND p.completed_at IS NULL) \
                 OR ($2 = 'complete' AND p.completed_at IS NOT NULL)) \
-           AND ($3 IS NULL OR p.position {after} $3) \
+           AND p.position {after} $3 \
            AND (NOT $4 OR (p.decomposed_at IS NOT NULL AND p.completed_at IS NULL \
                 AND (l.floor IS NOT NULL OR l.ready_at <= {now}))) \
            AND {within} \
@@ -189,7 +192,11 @@ impl Store {
                 Statement::new(self.sql(sql))
                     .text(filter.queue.as_ref().map(QueueName::as_str))
                     .text(filter.state.map(|s| s.as_str()))
-                    .int(filter.after_position)
+                    .int(
+                        filter
+                            .after_position
+                            .unwrap_or(if filter.newest { i64::MAX } else { i64::MIN }),
+                    )
                     .bool(filter.resumable)
                     .int(filter.limit + 1)
                     .text(scope.as_deref())

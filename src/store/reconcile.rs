@@ -6,9 +6,11 @@ use std::sync::LazyLock;
 use super::backend::{DriftQuery, Transaction};
 use super::parents::close_skipping;
 use super::reconcile_jobs::{JobMark, record_drift};
+use super::results::{Reasons, reason_counts, recount_reasons};
 use super::statement::{Sql, Statement};
 use super::{Store, StoreError, StoreResult, registration, sql};
 use crate::ledger::projection::{self, CompletionRepair, DerivedProjection, Open, StoredProjection, Tally};
+use crate::ledger::results::reasons_change;
 use crate::ledger::verdict::PARENT_FAILED;
 use crate::ledger::{ParentId, QueueName, QueueScope, ReconcileReport, SweepReport, Tolerance};
 
@@ -103,11 +105,22 @@ impl Store {
             locked.cancelled,
             locked.decomposed,
         );
-        let changes = projection::diff(&stored, &derived);
+        let mut changes = projection::diff(&stored, &derived);
+        let kept = reason_counts(&mut *tx, parent_id, Reasons::Kept).await?;
+        let counted = reason_counts(&mut *tx, parent_id, Reasons::Counted).await?;
+        let reasons_drifted = if let Some(change) = reasons_change(&kept, &counted) {
+            changes.push(change);
+            true
+        } else {
+            false
+        };
         let apply = !dry_run && !changes.is_empty();
         let mut completion = projection::completion_repair(&stored, &derived);
         if apply {
             write_repair(&mut *tx, parent_id, &rows, open, completion).await?;
+            if reasons_drifted {
+                recount_reasons(&mut *tx, parent_id).await?;
+            }
             if derived.ends_failed() {
                 // The rows are past the tolerance with children still open:
                 // end it as the outcome that crossed it would have.
@@ -313,11 +326,22 @@ async fn write_repair(
 }
 
 /// The drift scan's select list for parent `p` joined with its lane `l`,
-/// beside the dialect's row counts (`rows_*` columns).
+/// beside the dialect's row counts (`rows_*` columns): with the failed and
+/// skipped children its reason counts add up to (`reasons_*`), so a sweep
+/// finds counts lost or doubled there too (a count moved from one reason to
+/// another is found by reconciling the parent itself).
 pub(super) fn drift_columns() -> String {
+    let kept = |state: &str| {
+        format!(
+            "CAST(coalesce((SELECT sum(r.n) FROM child_reason r \
+                 WHERE r.parent_id = p.parent_id AND r.state = '{state}'), 0) AS bigint) AS reasons_{state}"
+        )
+    };
     format!(
         "p.parent_id, p.position, p.total, p.processed, p.failed, p.skipped, \
-         p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, {}",
-        sql::OPEN_COUNTS.as_str()
+         p.completed_at IS NOT NULL AS completed, p.decomposed_at IS NOT NULL AS decomposed, {}, {}, {}",
+        sql::OPEN_COUNTS.as_str(),
+        kept("failed"),
+        kept("skipped")
     )
 }

@@ -191,6 +191,8 @@ pub(crate) struct DriftRow {
     pub open_held: i64,
     pub rows_in_flight: i64,
     pub rows_held: i64,
+    pub reasons_failed: i64,
+    pub reasons_skipped: i64,
 }
 
 impl DriftRow {
@@ -211,6 +213,7 @@ impl DriftRow {
         stored != derived
             || self.completed != derived.is_complete(self.decomposed)
             || (self.open_in_flight, self.open_held) != (self.rows_in_flight, self.rows_held)
+            || (self.reasons_failed, self.reasons_skipped) != (self.rows_failed, self.rows_skipped)
     }
 }
 

@@ -3,15 +3,18 @@
 //! and each chunk is its own statement, so it runs through a transaction
 //! pooler too), and the most frequent reasons counted from the rows.
 
+use super::backend::{Row, Transaction};
 use super::rows::parse_column;
 use super::statement::{Sql, Statement};
 use super::{Store, StoreResult, sql};
 use crate::ledger::results::{ChildResult, ReasonCount, SUMMARY_REASONS, Summary};
 use crate::ledger::{ChildState, ParentId};
 
-/// Up to `$4` children of parent `$1` after sequence `$3`, in sequence
-/// order, optionally in state `$2` as readers see it, with only what the
-/// results show.
+/// Up to `$4` children of parent `$1` after sequence `$3` (-1: from the
+/// first), in sequence order, optionally in state `$2` as readers see it,
+/// with only what the results show. `$3` is always a bound, never
+/// `$3 IS NULL OR ...`: a generic plan could not start the primary key's
+/// range at it, and each chunk would scan the parent from its first child.
 static RESULTS: Sql = Sql::new(|d| {
     format!(
         "SELECT c.sequence, c.key, CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END AS state, \
@@ -19,21 +22,85 @@ static RESULTS: Sql = Sql::new(|d| {
          FROM {} \
          WHERE c.parent_id = $1 \
            AND ($2 IS NULL OR (CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END) = $2) \
-           AND ($3 IS NULL OR c.sequence > $3) \
+           AND c.sequence > $3 \
          ORDER BY c.sequence LIMIT $4",
         sql::child_view(d)
     )
 });
 
-/// The most frequent reasons of parent `$1`'s failed and skipped children.
+/// The most frequent reasons of parent `$1`'s failed and skipped children,
+/// from their counts (`child_reason`, written with the rows: see the
+/// `reason_counts` migration), never from the rows themselves.
 static REASONS: Sql = Sql::new(|_| {
     format!(
-        "SELECT c.state, c.reason, count(*) AS n FROM child c \
-         WHERE c.parent_id = $1 AND c.state IN ('failed', 'skipped') \
-         GROUP BY c.state, c.reason \
-         ORDER BY n DESC, c.state, c.reason IS NULL, c.reason LIMIT {SUMMARY_REASONS}"
+        "SELECT state, CASE WHEN reason_null THEN NULL ELSE reason END AS reason, n FROM child_reason \
+         WHERE parent_id = $1 AND n > 0 \
+         ORDER BY n DESC, state, reason_null, reason LIMIT {SUMMARY_REASONS}"
     )
 });
+
+/// Every reason count kept for parent `$1` (reconcile's stored side).
+const KEPT_REASONS: &str = "SELECT state, CASE WHEN reason_null THEN NULL ELSE reason END AS reason, n \
+    FROM child_reason WHERE parent_id = $1 AND n <> 0";
+
+/// Parent `$1`'s failed and skipped children counted by state and reason
+/// from its rows (reconcile's derived side).
+const ROW_REASONS: &str = "SELECT state, reason, count(*) AS n FROM child \
+    WHERE parent_id = $1 AND state IN ('failed', 'skipped') GROUP BY state, reason";
+
+/// Drops parent `$1`'s reason counts, before `RECOUNT_REASONS`.
+const DROP_REASONS: &str = "DELETE FROM child_reason WHERE parent_id = $1";
+
+/// Parent `$1`'s reason counts, from its rows.
+const RECOUNT_REASONS: &str = "INSERT INTO child_reason (parent_id, state, reason_null, reason, n) \
+    SELECT parent_id, state, reason IS NULL, coalesce(reason, ''), count(*) FROM child \
+    WHERE parent_id = $1 AND state IN ('failed', 'skipped') \
+    GROUP BY parent_id, state, reason IS NULL, coalesce(reason, '')";
+
+/// Which reason counts `reason_counts` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reasons {
+    /// As kept beside the rows (what the summary shows).
+    Kept,
+    /// Counted from the rows.
+    Counted,
+}
+
+fn reason_rows(rows: &[Row]) -> StoreResult<Vec<ReasonCount>> {
+    rows.iter()
+        .map(|row| {
+            Ok(ReasonCount {
+                state: parse_column(&row.text("state")?)?,
+                reason: row.opt_text("reason")?,
+                count: row.int("n")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+/// A parent's reason counts, kept or counted from its rows, in no order.
+pub(super) async fn reason_counts(
+    tx: &mut dyn Transaction,
+    parent_id: &ParentId,
+    which: Reasons,
+) -> StoreResult<Vec<ReasonCount>> {
+    let sql = match which {
+        Reasons::Kept => KEPT_REASONS,
+        Reasons::Counted => ROW_REASONS,
+    };
+    let rows = tx.fetch(Statement::new(sql).text(parent_id.as_str())).await?;
+    reason_rows(&rows)
+}
+
+/// Rewrites a parent's reason counts from its rows (reconcile's repair).
+pub(super) async fn recount_reasons(tx: &mut dyn Transaction, parent_id: &ParentId) -> StoreResult<()> {
+    tx.execute(Statement::new(DROP_REASONS).text(parent_id.as_str()))
+        .await?;
+    tx.execute(Statement::new(RECOUNT_REASONS).text(parent_id.as_str()))
+        .await?;
+    Ok(())
+}
 
 impl Store {
     /// Up to `limit` of a parent's results after sequence `after` (none: from
@@ -51,7 +118,7 @@ impl Store {
                 Statement::new(self.sql(&RESULTS))
                     .text(parent_id.as_str())
                     .text(state.map(ChildState::as_str))
-                    .int(after)
+                    .int(after.unwrap_or(-1))
                     .int(limit),
             )
             .await?;
@@ -82,16 +149,7 @@ impl Store {
         let rows = self
             .scan(Statement::new(self.sql(&REASONS)).text(parent_id.as_str()))
             .await?;
-        let reasons = rows
-            .iter()
-            .map(|row| {
-                Ok(ReasonCount {
-                    state: parse_column(&row.text("state")?)?,
-                    reason: row.opt_text("reason")?,
-                    count: row.int("n")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()?;
+        let reasons = reason_rows(&rows)?;
         Ok(Summary {
             parent_id: parent.parent_id,
             counts: parent.counts,

@@ -107,6 +107,9 @@ pub(crate) struct PgStore {
     direct: Option<Hosts>,
     /// Where limits held claims back lately (`store::admission::Binding`).
     bound: Arc<Binding>,
+    /// Parents known to have a tolerance, whose outcomes go straight to the
+    /// lane-locked path (`outcomes::Tolerant`).
+    tolerant: Arc<outcomes::Tolerant>,
 }
 
 impl PgStore {
@@ -195,6 +198,7 @@ impl PgStore {
             primary,
             direct,
             bound: Arc::default(),
+            tolerant: Arc::default(),
         })
     }
 

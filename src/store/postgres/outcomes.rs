@@ -1,7 +1,7 @@
 //! Outcomes on Postgres: the winning writes and their counters in one
 //! statement, and what the losers are told.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
@@ -82,9 +82,11 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// lane's lock (`$8`), the statement then writes nothing and says so with a
 /// row of NULLs, and is run again under the lock (which also moves the floor
 /// past the children it made terminal). A parent with a tolerance is
-/// written only under its lane's lock too: the outcome that crosses it ends
-/// the parent in the same transaction (`end_crossed`), and no claim may take
-/// a child meanwhile. A crossed parent comes back as `(parent, CROSSED)`.
+/// written only in a transaction (`$9`): the outcome that crosses it ends the
+/// parent before the commit (`apply_by_parent`: every open child skipped
+/// under the lane's lock, so no claim takes one after it commits). Out of
+/// one, the statement writes nothing for it and says so with
+/// `(NULL, TOLERANT)`. A crossed parent comes back as `(parent, CROSSED)`.
 pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM ln)", "EXISTS (SELECT 1 FROM ln)");
     let holder = format!(
@@ -111,7 +113,7 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              FROM claim_lease l, LATERAL (SELECT coalesce(l.sequences, '{{}}'::bigint[]) AS sequences) s \
              WHERE l.parent_id = $7 AND l.claim_id = ANY ($6::uuid[])), \
          tolerant AS ( \
-             SELECT 1 FROM parent WHERE NOT $8 AND parent_id = $7 \
+             SELECT 1 FROM parent WHERE NOT $9 AND parent_id = $7 \
                AND (tolerated_count IS NOT NULL OR tolerated_percent IS NOT NULL)), \
          racing AS ( \
              SELECT 1 FROM input u \
@@ -163,7 +165,7 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed \
          UNION ALL SELECT parent_id, {CROSSED} FROM bumped WHERE crossed \
          UNION ALL SELECT NULL, NULL FROM racing \
-         UNION ALL SELECT NULL, NULL FROM tolerant",
+         UNION ALL SELECT NULL, {TOLERANT} FROM tolerant",
         credited = sql::credited_attempt("u.claim_id", &view),
         fenced = sql::fence_admits("u.claim_id", &view),
         attempts = view.attempts,
@@ -175,6 +177,45 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
 /// The sequence `APPLY_OUTCOMES` names a parent whose tolerance it crossed
 /// with (no child has it).
 const CROSSED: i64 = -1;
+
+/// The sequence of the row `APPLY_OUTCOMES` answers, having written nothing,
+/// for a parent with a tolerance when its lane was not locked.
+const TOLERANT: i64 = -2;
+
+/// Parents whose outcomes were refused once out of a transaction because
+/// they have a tolerance: their next batches start in one rather than run
+/// the statement twice. A tolerance never changes, so a
+/// parent named here stays right; one forgotten only costs that statement
+/// again. Bounded: emptied when full.
+#[derive(Debug, Default)]
+pub(super) struct Tolerant(std::sync::Mutex<HashSet<String>>);
+
+impl Tolerant {
+    /// How many parents it remembers before it starts over.
+    const KEPT: usize = 10_000;
+
+    fn knows(&self, parent_id: &str) -> bool {
+        self.0.lock().expect("tolerant parents").contains(parent_id)
+    }
+
+    fn learn(&self, parent_id: &str) {
+        let mut known = self.0.lock().expect("tolerant parents");
+        if known.len() >= Self::KEPT {
+            known.clear();
+        }
+        known.insert(parent_id.to_owned());
+    }
+}
+
+/// What `APPLY_OUTCOMES` did for one parent's writes.
+enum Written {
+    Rows(Vec<AppliedRow>),
+    /// Nothing: the writes need the parent's lane locked (they may race a
+    /// claim), or (`tolerant`) a transaction that can end the parent.
+    NeedsLock {
+        tolerant: bool,
+    },
+}
 
 /// Appends a losing write to its child's conflict log.
 static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
@@ -206,10 +247,17 @@ impl Outcomes for PgStore {
         let rows = retry_transient(|| async move {
             if by_parent.len() == 1 {
                 let (parent_id, writes) = by_parent.iter().next().expect("one parent");
+                if self.tolerant.knows(parent_id) {
+                    return self.apply_by_parent(by_parent, false).await;
+                }
                 let sql = self.pool.sql(APPLY_OUTCOMES.as_str());
-                match apply_in_parent(&self.pool, sql, parent_id, writes, false).await? {
-                    Some(rows) => Ok(rows),
-                    None => self.apply_by_parent(by_parent, true).await,
+                match apply_in_parent(&self.pool, sql, parent_id, writes, false, false).await? {
+                    Written::Rows(rows) => Ok(rows),
+                    Written::NeedsLock { tolerant: true } => {
+                        self.tolerant.learn(parent_id);
+                        self.apply_by_parent(by_parent, false).await
+                    }
+                    Written::NeedsLock { tolerant: false } => self.apply_by_parent(by_parent, true).await,
                 }
             } else {
                 self.apply_by_parent(by_parent, false).await
@@ -231,10 +279,13 @@ impl Outcomes for PgStore {
 impl PgStore {
     /// Applies the writes parent by parent in id order, in one transaction;
     /// with `locked`, each parent's lane locked first (for writes that may
-    /// race a claim, or of a parent with a tolerance: see `APPLY_OUTCOMES`),
-    /// and otherwise a parent whose writes need it goes again with it. A
-    /// parent whose tolerance the writes crossed ends here, before the
-    /// commit: its open children skipped (`parent failed`), its lane closed.
+    /// race a claim: see `APPLY_OUTCOMES`), and otherwise a parent whose
+    /// writes need it goes again with it. A parent whose tolerance the
+    /// writes crossed ends here, before the commit: its open children skipped
+    /// (`parent failed`) under its lane's lock, its lane closed. That lock
+    /// comes after the parent's here, against the order other statements
+    /// take them in; a deadlock with one of those (only ever at a crossing)
+    /// is retried whole by `apply_outcomes`.
     async fn apply_by_parent(
         &self,
         by_parent: &BTreeMap<&str, Vec<&OutcomeWrite>>,
@@ -244,17 +295,27 @@ impl PgStore {
         let mut rows = Vec::new();
         let sql = self.pool.sql(APPLY_OUTCOMES.as_str());
         for (parent_id, writes) in by_parent {
-            if !locked && let Some(applied) = apply_in_parent(&mut *tx, sql, parent_id, writes, false).await? {
-                rows.extend(applied);
-                continue;
-            }
-            sqlx::query("SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE")
-                .bind(*parent_id)
-                .execute(&mut *tx)
-                .await?;
-            let applied = apply_in_parent(&mut *tx, sql, parent_id, writes, true)
-                .await?
-                .unwrap_or_default();
+            let unlocked = if locked {
+                None
+            } else {
+                match apply_in_parent(&mut *tx, sql, parent_id, writes, false, true).await? {
+                    Written::Rows(applied) => Some(applied),
+                    Written::NeedsLock { .. } => None,
+                }
+            };
+            let applied = match unlocked {
+                Some(applied) => applied,
+                None => {
+                    sqlx::query("SELECT 1 FROM lane WHERE parent_id = $1 FOR UPDATE")
+                        .bind(*parent_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    match apply_in_parent(&mut *tx, sql, parent_id, writes, true, true).await? {
+                        Written::Rows(applied) => applied,
+                        Written::NeedsLock { .. } => Vec::new(),
+                    }
+                }
+            };
             let crossed = applied.iter().any(|(_, sequence)| *sequence == Some(CROSSED));
             rows.extend(applied.into_iter().filter(|(_, sequence)| *sequence != Some(CROSSED)));
             if crossed {
@@ -276,14 +337,17 @@ type AppliedRow = (String, Option<i64>);
 
 /// Runs `APPLY_OUTCOMES` (`statement`: its text to send, see `PgDb::sql`)
 /// for the writes of one parent, `locked` when the caller holds its lane's
-/// lock; `None` when the writes need that lock and nothing was written.
+/// lock, `in_tx` when it runs in a transaction that ends a crossed parent;
+/// `NeedsLock` when the writes need that lock (or, for a parent with a
+/// tolerance, that transaction) and nothing was written.
 async fn apply_in_parent<'e>(
     executor: impl sqlx::Executor<'e, Database = sqlx::Postgres>,
     statement: &'static str,
     parent_id: &str,
     writes: &[&OutcomeWrite],
     locked: bool,
-) -> StoreResult<Option<Vec<AppliedRow>>> {
+    in_tx: bool,
+) -> StoreResult<Written> {
     let parents = vec![parent_id; writes.len()];
     let sequences: Vec<i64> = writes.iter().map(|w| w.sequence).collect();
     let outcomes: Vec<&str> = writes.iter().map(|w| w.outcome.as_str()).collect();
@@ -299,12 +363,14 @@ async fn apply_in_parent<'e>(
         .bind(&claims)
         .bind(parent_id)
         .bind(locked)
+        .bind(in_tx)
         .fetch_all(executor)
         .await?;
     if rows.iter().any(|(parent, _)| parent.is_none()) {
-        return Ok(None);
+        let tolerant = rows.contains(&(None, Some(TOLERANT)));
+        return Ok(Written::NeedsLock { tolerant });
     }
-    Ok(Some(
+    Ok(Written::Rows(
         rows.into_iter()
             .filter_map(|(parent, sequence)| parent.map(|p| (p, sequence)))
             .collect(),

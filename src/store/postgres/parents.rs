@@ -54,7 +54,8 @@ impl ChildWrites for PgTx {
         .await?)
     }
 
-    /// From arrays, in one statement.
+    /// From arrays, in one statement, which counts the reasons of the
+    /// children it skips (`child_reason`; an update's are counted by trigger).
     async fn insert_children(&mut self, chunk: ChildChunk<'_>) -> StoreResult<Inserted> {
         let ChildChunk {
             parent_id,
@@ -74,7 +75,12 @@ impl ChildWrites for PgTx {
                  CASE WHEN u.skip IS NULL THEN 'pending' ELSE 'skipped' END, u.skip, \
                  CASE WHEN u.skip IS NULL THEN NULL ELSE now() END \
              FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS u(sequence, key, payload, skip) \
-             {on_conflict} RETURNING state) \
+             {on_conflict} RETURNING state, reason), \
+         reasons AS ( \
+             INSERT INTO child_reason AS r (parent_id, state, reason_null, reason, n) \
+             SELECT $1, 'skipped', false, reason, count(*) FROM inserted WHERE state = 'skipped' \
+             GROUP BY reason ORDER BY reason \
+             ON CONFLICT (parent_id, state, reason_null, md5(reason)) DO UPDATE SET n = r.n + excluded.n) \
          SELECT count(*), count(*) FILTER (WHERE state = 'skipped') FROM inserted"
         )))
         .bind(parent_id.as_str())
