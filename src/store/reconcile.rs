@@ -108,12 +108,9 @@ impl Store {
         let mut changes = projection::diff(&stored, &derived);
         let kept = reason_counts(&mut *tx, parent_id, Reasons::Kept).await?;
         let counted = reason_counts(&mut *tx, parent_id, Reasons::Counted).await?;
-        let reasons_drifted = if let Some(change) = reasons_change(&kept, &counted) {
-            changes.push(change);
-            true
-        } else {
-            false
-        };
+        let reasons = reasons_change(&kept, &counted);
+        let reasons_drifted = reasons.is_some();
+        changes.extend(reasons);
         let apply = !dry_run && !changes.is_empty();
         let mut completion = projection::completion_repair(&stored, &derived);
         if apply {

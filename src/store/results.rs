@@ -1,7 +1,8 @@
 //! A parent's results and summary: every child's outcome read a chunk at a
 //! time along the primary key (the export writes each chunk as it comes,
 //! and each chunk is its own statement, so it runs through a transaction
-//! pooler too), and the most frequent reasons counted from the rows.
+//! pooler too), and the most frequent reasons from the counts kept beside
+//! the rows (`child_reason`), which reconcile reads and rewrites here too.
 
 use super::backend::{Row, Transaction};
 use super::rows::parse_column;
