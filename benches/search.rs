@@ -38,7 +38,7 @@ pub(super) async fn search_scenarios(admin_url: &str, per_state: usize) -> Vec<S
     fill(&service.base, per_state).await;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     for state in ["held", "processed", "failed", "skipped"] {
-        for statement in settle_sql(state) {
+        for statement in settle_sql(state, Store::Postgres) {
             sqlx::query(sqlx::AssertSqlSafe(statement))
                 .execute(&mut conn)
                 .await
@@ -61,7 +61,7 @@ pub(super) async fn search_scenarios(admin_url: &str, per_state: usize) -> Vec<S
     fill(&service.base, per_state).await;
     let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
     for state in ["held", "processed", "failed", "skipped"] {
-        for statement in settle_sql(state) {
+        for statement in settle_sql(state, Store::Sqlite) {
             sqlx::query(sqlx::AssertSqlSafe(statement))
                 .execute(&mut conn)
                 .await
@@ -112,16 +112,27 @@ fn queue(state: &str) -> String {
 /// expired last attempt, for `held`) leaves its row, in SQL both stores run,
 /// and leaves their lanes as claims would have (nothing left never-claimed).
 /// The projections are repaired afterwards (`repair`), as an operator who
-/// edits rows with SQL does.
-fn settle_sql(state: &str) -> [String; 2] {
+/// edits rows with SQL does. Processed children are named in outcome batches
+/// of 500 as the outcome statement names them (`processed_batch`), in each
+/// store's own SQL.
+fn settle_sql(state: &str, store: Store) -> Vec<String> {
     let (reason, terminal) = match state {
         "held" => ("NULL", "NULL"),
         "processed" => ("NULL", "changed_at"),
         _ => ("'bench'", "changed_at"),
     };
     let attempts = if state == "skipped" { 0 } else { 1 };
+    // Processed children as outcome batches of 500 leave them: each batch
+    // a millisecond after the one before.
+    let changed = match (state, store) {
+        ("processed", Store::Postgres) => "changed_at + (sequence / 500) * interval '1 millisecond'",
+        ("processed", Store::Sqlite) => {
+            "strftime('%Y-%m-%dT%H:%M:%fZ', changed_at, '+' || ((sequence / 500) / 1000.0) || ' seconds')"
+        }
+        _ => "changed_at",
+    };
     let children = format!(
-        "UPDATE child SET state = '{state}', reason = {reason}, terminal_at = {terminal}, \
+        "UPDATE child SET state = '{state}', reason = {reason}, terminal_at = {terminal}, changed_at = {changed}, \
              attempts = {attempts}, outcome_attempt = {outcome}, settled_from = {from} \
          WHERE parent_id IN (SELECT parent_id FROM parent WHERE queue = '{queue}')",
         outcome = if state == "held" || state == "skipped" {
@@ -136,7 +147,30 @@ fn settle_sql(state: &str) -> [String; 2] {
         "UPDATE lane SET floor = NULL WHERE parent_id IN (SELECT parent_id FROM parent WHERE queue = '{}')",
         queue(state)
     );
-    [children, lanes]
+    let mut statements = vec![children, lanes];
+    if state == "processed" {
+        let list = match store {
+            Store::Postgres => "array_agg(sequence ORDER BY sequence)",
+            Store::Sqlite => "json_group_array(sequence)",
+        };
+        statements.push(format!(
+            "INSERT INTO processed_batch (parent_id, changed_at, lo, hi, sequences) \
+             SELECT parent_id, changed_at, min(sequence), max(sequence), {list} \
+             FROM (SELECT parent_id, changed_at, sequence FROM child \
+                   WHERE parent_id IN (SELECT parent_id FROM parent WHERE queue = '{queue}') \
+                   ORDER BY parent_id, changed_at, sequence) c \
+             GROUP BY parent_id, changed_at",
+            queue = queue(state)
+        ));
+    }
+    statements
+}
+
+/// Which store a bench statement is written for.
+#[derive(Debug, Clone, Copy)]
+enum Store {
+    Postgres,
+    Sqlite,
 }
 
 /// Reconciles every parent, repairing the projections the SQL moved.

@@ -1,8 +1,14 @@
 //! The children search across parents (`GET /v1/children`), newest change
 //! first: a merge of sources, each an index read in that order.
 //!
-//! - **Terminal and held children**: all parents through `child_attention`
-//!   (state, then newest change), one parent through `child_settled_by_parent`.
+//! - **Failed, skipped and held children**: all parents through
+//!   `child_attention` (state, then newest change), one parent through
+//!   `child_settled_by_parent`.
+//! - **Processed children**: the outcome batches that made them
+//!   (`processed_batch`, a row per outcome statement and parent, newest
+//!   first across parents or of one), each unpacked into its children, as
+//!   the leases are: most outcomes are processed, and per-child entries
+//!   for them were a fifth of the database's work per child.
 //! - **In flight**: the leases, newest claim first (a child a lease holds
 //!   shows the claim's time), of all parents or of one.
 //! - **Pending**: the never-claimed children and the given-back ones

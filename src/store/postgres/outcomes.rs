@@ -73,7 +73,9 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// another claim, or by none it names, looks the lease up. A write past the
 /// floor (`racing`) is the only one that reads its child twice. The outcome
 /// ends the attempt on the row (as a lease end does) and takes the child
-/// out of its lease, which goes once it holds nothing.
+/// out of its lease, which goes once it holds nothing. The children it
+/// makes processed are named in one `processed_batch` row (migration 0020),
+/// where the children search finds them.
 ///
 /// The floor moves up only under the lane's lock, so a floor read from this
 /// statement's snapshot is right for every child below it: those a claim
@@ -153,6 +155,12 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  WHERE c.parent_id = $7 AND c.sequence >= lane.floor AND c.state = 'pending' \
                    AND c.available_at IS NULL AND c.sequence NOT IN (SELECT sequence FROM applied)) \
              WHERE $8 AND parent_id = $7 AND floor IS NOT NULL), \
+         logged AS ( \
+             INSERT INTO processed_batch (parent_id, changed_at, lo, hi, sequences) \
+             SELECT $7, now(), min(sequence), max(sequence), \
+                 CASE WHEN count(*) = max(sequence) - min(sequence) + 1 THEN NULL \
+                      ELSE array_agg(sequence ORDER BY sequence) END \
+             FROM applied WHERE state = 'processed' HAVING count(*) > 0), \
          deltas AS ( \
              SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \

@@ -37,10 +37,12 @@ impl Start {
     }
 }
 
-/// The terminal and held states, as the indexes of settled children name them
-/// (after the one state a statement reads: SQLite takes the first term of a
-/// column for the index, and an `IN` there would lose the index's order).
-const SETTLED_STATES: &str = "('processed', 'failed', 'skipped', 'held')";
+/// The terminal and held states the indexes of settled children hold, as
+/// they name them (after the one state a statement reads: SQLite takes the
+/// first term of a column for the index, and an `IN` there would lose the
+/// index's order). Processed children are found through their outcome
+/// batches (`processed_rows`).
+const SETTLED_STATES: &str = "('failed', 'skipped', 'held')";
 
 /// A child row's own columns, as `rows::child` reads them, for a child no
 /// lease holds (terminal, held, pending).
@@ -89,6 +91,9 @@ const ORDER_IN_PARENT: &str = "ORDER BY c.changed_at DESC, c.sequence DESC";
 /// Children of terminal or held state `state` across parents, whole rows
 /// (`child_attention`).
 fn settled_rows(d: &Dialect, state: ChildState, start: Start) -> String {
+    if state == ChildState::Processed {
+        return processed_rows(d, start);
+    }
     format!(
         "SELECT {ROW_COLUMNS} FROM child c {index} \
          WHERE c.state = '{state}' AND c.state IN {SETTLED_STATES} {below} {ORDER} LIMIT $4",
@@ -100,6 +105,9 @@ fn settled_rows(d: &Dialect, state: ChildState, start: Start) -> String {
 
 /// `settled_rows` as keys, each saying whether it is in the queue and scope.
 fn settled_keys(d: &Dialect, state: ChildState, start: Start) -> String {
+    if state == ChildState::Processed {
+        return processed_keys(d, start);
+    }
     format!(
         "SELECT c.changed_at, c.parent_id, c.sequence, {reached} AS hit, false AS in_flight FROM child c {index} \
          WHERE c.state = '{state}' AND c.state IN {SETTLED_STATES} {below} {ORDER} LIMIT $4",
@@ -112,6 +120,9 @@ fn settled_keys(d: &Dialect, state: ChildState, start: Start) -> String {
 
 /// One parent's children of terminal or held state `state` (`child_settled_by_parent`).
 fn settled_of_parent(d: &Dialect, state: ChildState, start: Start) -> String {
+    if state == ChildState::Processed {
+        return processed_of_parent(d, start);
+    }
     format!(
         "SELECT {ROW_COLUMNS} FROM child c {index} \
          WHERE c.parent_id = $3 AND c.state = '{state}' AND c.state IN {SETTLED_STATES} {below} \
@@ -119,6 +130,64 @@ fn settled_of_parent(d: &Dialect, state: ChildState, start: Start) -> String {
         index = (d.indexed_by)("child_settled_by_parent"),
         state = state.as_str(),
         below = below_in_parent(start, "c.changed_at", "c.sequence"),
+    )
+}
+
+/// The processed children across parents as keys (`changed_at`, parent,
+/// sequence), newest first: the outcome batches that made them
+/// (`processed_batch`, read in `processed_batch_changed`'s order down from
+/// the position), each unpacked into its children. `hit`: the queue and
+/// scope test of a walk that keeps them (`kept`), else true.
+fn processed_keys_of(d: &Dialect, start: Start, kept: bool) -> String {
+    let hit = if kept {
+        reached(d, "b.parent_id")
+    } else {
+        "true".to_owned()
+    };
+    format!(
+        "SELECT b.changed_at, b.parent_id, ls.value AS sequence, {hit} AS hit, false AS in_flight \
+         FROM processed_batch b CROSS JOIN {sequences} \
+         WHERE true {bound} {below} \
+         ORDER BY b.changed_at DESC, b.parent_id DESC, ls.value DESC LIMIT $4",
+        sequences = (d.lease_sequences)("b"),
+        bound = batch_bound(start, "b.changed_at", "b.parent_id"),
+        below = below_triple(start, "b.changed_at", "b.parent_id", "ls.value"),
+    )
+}
+
+/// Processed children across parents, whole rows (`processed_keys_of`).
+/// Every child a batch names is processed at the batch's time (terminal is
+/// one-way); the join says so all the same.
+fn processed_rows(d: &Dialect, start: Start) -> String {
+    format!(
+        "SELECT {ROW_COLUMNS} FROM ({keys}) x \
+         JOIN child c ON c.parent_id = x.parent_id AND c.sequence = x.sequence AND c.state = 'processed' \
+         ORDER BY x.changed_at DESC, x.parent_id DESC, x.sequence DESC",
+        keys = processed_keys_of(d, start, false),
+    )
+}
+
+/// `processed_rows` as keys, each saying whether it is in the queue and scope.
+fn processed_keys(d: &Dialect, start: Start) -> String {
+    processed_keys_of(d, start, true)
+}
+
+/// One parent's processed children, newest first, through its outcome
+/// batches (`processed_batch_parent`).
+fn processed_of_parent(d: &Dialect, start: Start) -> String {
+    let bound = match start {
+        Start::Top => "",
+        _ => "AND b.changed_at <= $1",
+    };
+    format!(
+        "SELECT {ROW_COLUMNS} FROM ( \
+             SELECT b.changed_at, ls.value AS sequence FROM processed_batch b CROSS JOIN {sequences} \
+             WHERE b.parent_id = $3 {bound} {below} \
+             ORDER BY b.changed_at DESC, ls.value DESC LIMIT $4) x \
+         JOIN child c ON c.parent_id = $3 AND c.sequence = x.sequence AND c.state = 'processed' \
+         ORDER BY x.changed_at DESC, x.sequence DESC",
+        sequences = (d.lease_sequences)("b"),
+        below = below_in_parent(start, "b.changed_at", "ls.value"),
     )
 }
 
@@ -139,7 +208,7 @@ fn leased(d: &Dialect, start: Start, one_parent: bool, kept: bool) -> String {
         )
     } else {
         (
-            format!("true {}", lease_bound(start)),
+            format!("true {}", batch_bound(start, "h.claimed_at", "h.parent_id")),
             below_triple(start, "h.claimed_at", "h.parent_id", "ls.value"),
             "ORDER BY h.claimed_at DESC, h.parent_id DESC, ls.value DESC",
         )
@@ -165,12 +234,12 @@ fn leased(d: &Dialect, start: Start, one_parent: bool, kept: bool) -> String {
     )
 }
 
-/// The leases a walk below a position may still read, as a bound the
-/// leases' index serves.
-fn lease_bound(start: Start) -> &'static str {
+/// The leases or outcome batches (at `at` of `parent`) a walk below a
+/// position may still read, as a bound their index serves.
+fn batch_bound(start: Start, at: &str, parent: &str) -> String {
     match start {
-        Start::Top => "",
-        _ => "AND (h.claimed_at, h.parent_id) <= ($1, $2)",
+        Start::Top => String::new(),
+        _ => format!("AND ({at}, {parent}) <= ($1, $2)"),
     }
 }
 

@@ -60,7 +60,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
            AND c.state IN ('pending', 'held') AND {fenced} \
            AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
-         RETURNING parent_id, sequence, state, settled_from, claim_id",
+         RETURNING parent_id, sequence, state, settled_from, claim_id, changed_at",
         now = NOW,
         credited = sql::credited_attempt("j.claim_id", &view),
         fenced = sql::fence_admits("j.claim_id", &view),
@@ -114,13 +114,13 @@ impl Outcomes for SqliteStore {
     /// Records the writes that win, and their parents' counters, in one transaction.
     async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
         let mut tx = self.held_tx().await?;
-        let won: Vec<(String, i64, String, String, Option<String>)> = sqlx::query_as(APPLY_OUTCOMES.as_str())
+        let won: Vec<Won> = sqlx::query_as(APPLY_OUTCOMES.as_str())
             .bind(outcomes_json(writes))
             .fetch_all(&mut *tx)
             .await?;
         let mut deltas: BTreeMap<&str, Counted> = BTreeMap::new();
         let mut leases: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-        for (parent_id, _, state, from, claim_id) in &won {
+        for (parent_id, _, state, from, claim_id, _) in &won {
             let delta = deltas.entry(parent_id.as_str()).or_default();
             match state.as_str() {
                 "processed" => delta.processed += 1,
@@ -138,16 +138,53 @@ impl Outcomes for SqliteStore {
             }
         }
         count_down_leases(&mut tx, &leases).await?;
+        log_processed(&mut tx, &won).await?;
         let completed = bump_parents(&mut tx, &deltas).await?;
         tx.commit().await?;
         Ok(Applied {
             won: won
                 .into_iter()
-                .map(|(parent_id, sequence, _, _, _)| (ParentId::from_ledger(parent_id), sequence))
+                .map(|(parent_id, sequence, _, _, _, _)| (ParentId::from_ledger(parent_id), sequence))
                 .collect(),
             completed,
         })
     }
+}
+
+/// A write that won, as `APPLY_OUTCOMES` returns it: parent, sequence, new
+/// state, the state it settled from, the claim that held it, and its `changed_at`.
+type Won = (String, i64, String, String, Option<String>, String);
+
+/// Names the children this statement made processed in `processed_batch`
+/// (migration 0019), a row per parent and change: the children search finds
+/// them there. JSON `[[parent_id, changed_at, lo, hi, [sequences]], ...]`.
+const LOG_PROCESSED: &str = "INSERT INTO processed_batch (parent_id, changed_at, lo, hi, sequences) \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4 FROM json_each(?1)";
+
+async fn log_processed(tx: &mut SqliteTx, won: &[Won]) -> StoreResult<()> {
+    let mut batches: BTreeMap<(&str, &str), Vec<i64>> = BTreeMap::new();
+    for (parent_id, sequence, state, _, _, changed_at) in won {
+        if state == "processed" {
+            batches
+                .entry((parent_id.as_str(), changed_at.as_str()))
+                .or_default()
+                .push(*sequence);
+        }
+    }
+    if batches.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<(&str, &str, i64, i64, Vec<i64>)> = batches
+        .into_iter()
+        .map(|((parent_id, changed_at), mut sequences)| {
+            sequences.sort_unstable();
+            let (lo, hi) = (sequences[0], sequences[sequences.len() - 1]);
+            (parent_id, changed_at, lo, hi, sequences)
+        })
+        .collect();
+    let json = serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned());
+    sqlx::query(LOG_PROCESSED).bind(&json).execute(&mut **tx).await?;
+    Ok(())
 }
 
 /// Takes the children just recorded out of their leases: `recorded` by
