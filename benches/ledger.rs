@@ -55,6 +55,8 @@ struct Args {
     /// Only claim admission (`admission.*`).
     admission_only: bool,
     verdicts_only: bool,
+    /// Only the claim latency at 10,000 rows and at scale (`claim_latency_scale*`).
+    scale_only: bool,
     /// Another build's service binary, whose cost per child is measured
     /// beside this build's in the same run (`--baseline-bin PATH`).
     baseline_bin: Option<String>,
@@ -74,6 +76,7 @@ fn parse_args() -> Args {
         events_only: false,
         admission_only: false,
         verdicts_only: false,
+        scale_only: false,
         baseline_bin: None,
         json: None,
         admin_url: std::env::var("DATABASE_URL")
@@ -93,6 +96,7 @@ fn parse_args() -> Args {
             "--events-only" => args.events_only = true,
             "--admission-only" => args.admission_only = true,
             "--verdicts-only" => args.verdicts_only = true,
+            "--scale-only" => args.scale_only = true,
             "--baseline-bin" => args.baseline_bin = it.next(),
             "--json" => args.json = it.next().map(PathBuf::from),
             "--database-url" => args.admin_url = it.next().expect("--database-url URL"),
@@ -986,6 +990,53 @@ async fn latency_rounds(client: &reqwest::Client, base: &str, tag: &str) -> (f64
     (rank(0.5), rank(0.99))
 }
 
+/// `claim_latency_scale`: claim latency (p50, p99) with 10,000 rows, then
+/// again after `rows` terminal children were added; with the service's peak
+/// RSS.
+async fn claim_latency_scale(admin_url: &str, rows: i64, bin: Option<&str>) -> (Vec<Scenario>, f64) {
+    let client = reqwest::Client::new();
+    eprintln!("claim_latency_scale: 10k rows ({}) ...", bin.unwrap_or("this build"));
+    let db = ScratchDb::create(admin_url, "scale").await;
+    let service = Service::start_bin(bin, &db.url, &[]).await;
+    let (p50_small, p99_small) = latency_rounds(&client, &service.base, "latency-small").await;
+    eprintln!("claim_latency_scale: filling {rows} terminal rows ...");
+    fill_terminal(&db.url, rows).await;
+    // The fill writes gigabytes of WAL: the checkpoints that start during
+    // the rounds at scale are printed, to tell their cost from the ledger's.
+    let before = checkpoints(&db.url).await;
+    let (p50_big, p99_big) = latency_rounds(&client, &service.base, "latency-big").await;
+    let after = checkpoints(&db.url).await;
+    eprintln!(
+        "claim_latency_scale: during the rounds at scale: {} checkpoints, {} buffers written by them",
+        after.0 - before.0,
+        after.1 - before.1
+    );
+    let scale = format!("{}M rows", rows as f64 / 1e6);
+    let (name, target) = match bin {
+        None => ("claim_latency_scale", "<= 1.5"),
+        Some(_) => ("claim_latency_scale.baseline_build", "-"),
+    };
+    let scenarios = vec![
+        Scenario::new(name, &format!("ms p99 at {scale}"), p99_big)
+            .against("p99 at 10k rows", p99_small)
+            .target(target),
+        Scenario::new(&format!("{name}.p50"), &format!("ms p50 at {scale}"), p50_big)
+            .against("p50 at 10k rows", p50_small),
+    ];
+    let rss = service.stop().await;
+    db.drop_now().await;
+    (scenarios, rss)
+}
+
+/// Checkpoints so far (timed and requested) and the buffers they wrote.
+async fn checkpoints(database_url: &str) -> (i64, i64) {
+    let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+    sqlx::query_as("SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// Fills the ledger with terminal children of many parents, straight in SQL.
 async fn fill_terminal(database_url: &str, rows: i64) {
     const PER_PARENT: i64 = 10_000;
@@ -1473,6 +1524,17 @@ async fn main() {
     if args.verdicts_only {
         return print_table(&verdicts::verdicts_scenarios(&args.admin_url, sizes.results, sizes.burn).await);
     }
+    if args.scale_only {
+        let mut scenarios = claim_latency_scale(&args.admin_url, sizes.scale_rows, None).await.0;
+        if let Some(bin) = args.baseline_bin.as_deref() {
+            scenarios.extend(
+                claim_latency_scale(&args.admin_url, sizes.scale_rows, Some(bin))
+                    .await
+                    .0,
+            );
+        }
+        return print_table(&scenarios);
+    }
     if args.dashboard_only {
         let mut scenarios = dashboard_reads(&args.admin_url, sizes.huge_parent).await;
         scenarios.extend(dashboard_beside_burn_down(&args.admin_url, sizes.burn).await);
@@ -1620,25 +1682,9 @@ async fn main() {
     scenarios.extend(verdicts::verdicts_scenarios(&args.admin_url, sizes.results, sizes.burn).await);
 
     // --- Postgres: claim latency at 10k rows and at scale --------------------
-    eprintln!("claim_latency_scale: 10k rows ...");
-    let db = ScratchDb::create(&args.admin_url, "scale").await;
-    let service = Service::start(&db.url).await;
-    let (p50_small, p99_small) = latency_rounds(&client, &service.base, "latency-small").await;
-    eprintln!("claim_latency_scale: filling {} terminal rows ...", sizes.scale_rows);
-    fill_terminal(&db.url, sizes.scale_rows).await;
-    let (p50_big, p99_big) = latency_rounds(&client, &service.base, "latency-big").await;
-    let scale = format!("{}M rows", sizes.scale_rows as f64 / 1e6);
-    scenarios.push(
-        Scenario::new("claim_latency_scale", &format!("ms p99 at {scale}"), p99_big)
-            .against("p99 at 10k rows", p99_small)
-            .target("<= 1.5"),
-    );
-    scenarios.push(
-        Scenario::new("claim_latency_scale.p50", &format!("ms p50 at {scale}"), p50_big)
-            .against("p50 at 10k rows", p50_small),
-    );
-    peak_rss = peak_rss.max(service.stop().await);
-    db.drop_now().await;
+    let (scale, rss) = claim_latency_scale(&args.admin_url, sizes.scale_rows, None).await;
+    scenarios.extend(scale);
+    peak_rss = peak_rss.max(rss);
 
     // --- Postgres: a fresh database drained once, as the peers are ----------
     // The peers each drain a new database once, after enqueueing and the same
