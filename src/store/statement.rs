@@ -118,7 +118,8 @@ pub(crate) struct Dialect {
     /// The length of a JSON array column.
     pub json_length: fn(column: &str) -> String,
     /// The sequences claim lease `alias` lists, as a `FROM` item `ls` whose
-    /// column `value` is each sequence.
+    /// column `value` is each sequence (and those a `processed_batch` row
+    /// lists: the same columns, `lo`, `hi` and `sequences`).
     pub lease_sequences: fn(alias: &str) -> String,
     /// Whether claim lease `lease`'s list names child `sequence`.
     pub lease_holds: fn(lease: &str, sequence: &str) -> String,

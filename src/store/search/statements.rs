@@ -89,7 +89,7 @@ const ORDER: &str = "ORDER BY c.changed_at DESC, c.parent_id DESC, c.sequence DE
 const ORDER_IN_PARENT: &str = "ORDER BY c.changed_at DESC, c.sequence DESC";
 
 /// Children of terminal or held state `state` across parents, whole rows
-/// (`child_attention`).
+/// (`child_attention`; processed ones through their batches, `processed_rows`).
 fn settled_rows(d: &Dialect, state: ChildState, start: Start) -> String {
     if state == ChildState::Processed {
         return processed_rows(d, start);
@@ -118,7 +118,8 @@ fn settled_keys(d: &Dialect, state: ChildState, start: Start) -> String {
     )
 }
 
-/// One parent's children of terminal or held state `state` (`child_settled_by_parent`).
+/// One parent's children of terminal or held state `state` (`child_settled_by_parent`;
+/// processed ones through their batches, `processed_of_parent`).
 fn settled_of_parent(d: &Dialect, state: ChildState, start: Start) -> String {
     if state == ChildState::Processed {
         return processed_of_parent(d, start);
