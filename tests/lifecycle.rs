@@ -235,6 +235,85 @@ async fn delete_removes_a_complete_parent(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM lane WHERE parent_id = 'D-1'").await, 0);
 }
 
+/// Records every child of `parent` processed, claim by claim (10 at a time).
+async fn process_all(app: &TestApp, parent: &str) {
+    loop {
+        let claim = claim(app, &format!("/v1/parents/{parent}/claims"), json!({"limit": 10})).await;
+        let outcomes: Vec<Value> = claim["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| json!({"parent_id": parent, "sequence": c["sequence"], "outcome": "processed", "claim_id": claim["claim_id"]}))
+            .collect();
+        if outcomes.is_empty() {
+            return;
+        }
+        let r = app.post("/v1/outcomes", json!({"outcomes": outcomes})).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    }
+}
+
+/// Every processed child the children search lists with `query` (`queue=`
+/// or nothing more), two a page: (parent, sequence), newest first.
+async fn processed_listed(app: &TestApp, query: &str) -> Vec<(String, i64)> {
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut path = format!("/v1/children?state=processed{query}&limit=2");
+        if let Some(cursor) = &cursor {
+            path.push_str(&format!("&cursor={cursor}"));
+        }
+        let r = app.get(&path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {r:?}");
+        for c in r.body["children"].as_array().unwrap() {
+            listed.push((
+                c["parent_id"].as_str().unwrap().to_owned(),
+                c["sequence"].as_i64().unwrap(),
+            ));
+        }
+        match r.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return listed,
+        }
+    }
+    panic!("paging did not end");
+}
+
+/// Deleting a complete parent takes the outcome batches that name its
+/// processed children with it, and the children search of processed
+/// children goes on listing every other parent's, whole.
+async fn a_deleted_parent_leaves_the_processed_search_whole(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "PS-1", json!({"queue": "ps", "children": children(25)})).await;
+    register(&app, "PS-2", json!({"queue": "ps", "children": children(7)})).await;
+    process_all(&app, "PS-1").await;
+    process_all(&app, "PS-2").await;
+    for query in ["&queue=ps", ""] {
+        let listed = processed_listed(&app, query).await;
+        assert_eq!(listed.len(), 32, "{query}: {listed:?}");
+    }
+    assert!(
+        app.count("SELECT count(*) FROM processed_batch WHERE parent_id = 'PS-1'")
+            .await
+            >= 3
+    );
+
+    let r = app.request(reqwest::Method::DELETE, "/v1/parents/PS-1", None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM processed_batch WHERE parent_id = 'PS-1'")
+            .await,
+        0
+    );
+    let want: Vec<(String, i64)> = (0..7).rev().map(|s| ("PS-2".to_owned(), s)).collect();
+    for query in ["&queue=ps", ""] {
+        let listed = processed_listed(&app, query).await;
+        let mut got = listed.clone();
+        got.sort_by_key(|c| std::cmp::Reverse(c.1));
+        assert_eq!(got, want, "{query} after the delete: {listed:?}");
+    }
+}
+
 /// A queue reads as one (200) while it has a parent or is paused: a paused
 /// queue whose last parent was deleted still shows `"paused": true`, and so
 /// does a paused queue that never had one; a queue with neither is 404.
@@ -463,6 +542,7 @@ both_stores!(
     pause_is_honoured_by_every_replica,
     two_pruners_delete_a_parent_once,
     delete_removes_a_complete_parent,
+    a_deleted_parent_leaves_the_processed_search_whole,
     a_paused_queue_outlives_its_parents,
     retention_prunes_complete_parents,
 );

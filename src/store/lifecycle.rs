@@ -31,6 +31,13 @@ static PRUNABLE: Sql = Sql::new(|d| {
 const DELETE_CHILDREN: &str = "DELETE FROM child WHERE parent_id = $1 AND sequence IN ( \
     SELECT sequence FROM child WHERE parent_id = $1 ORDER BY sequence LIMIT $2)";
 
+/// The outcome batches that name a complete parent's processed children
+/// (`processed_batch`), deleted before its children: while the children go,
+/// batch by batch, the children search would otherwise find batches naming
+/// children that are gone, and end its walk of processed children early.
+const DELETE_BATCHES: &str = "DELETE FROM processed_batch WHERE parent_id = $1 \
+    AND EXISTS (SELECT 1 FROM parent WHERE parent_id = $1 AND completed_at IS NOT NULL)";
+
 /// What goes with a complete parent whose children are gone, before its row
 /// (`DELETE_PARENT`): any lease row left on it (a lease row goes when its
 /// last child is recorded, so normally there is none), then its lane.
@@ -100,14 +107,18 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
-    /// Deletes a complete parent with its children: the children in batches
-    /// of `PRUNE_BATCH`, each its own transaction, so no lock is held for long
+    /// Deletes a complete parent with its children: first the outcome batches
+    /// that name its processed children (`DELETE_BATCHES`), then the children
+    /// in batches of `PRUNE_BATCH`, each its own transaction, so no lock is held for long
     /// and nothing a claim needs is touched; the parent row last. Two replicas
     /// pruning the same parent delete it once. After each batch it rests
     /// `pace` times as long as the batch took (the background pruner yields
     /// the database to the work it serves; `0` for an operator's delete).
     /// Whether this call deleted the parent.
     pub async fn prune(&self, parent_id: &ParentId, pace: u32) -> StoreResult<bool> {
+        self.db
+            .execute(Statement::new(DELETE_BATCHES).text(parent_id.as_str()))
+            .await?;
         loop {
             let started = std::time::Instant::now();
             let deleted = self
