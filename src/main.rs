@@ -12,9 +12,14 @@ use child_ledger::startup::Application;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    child_ledger::cli::exit_code(run(Cli::parse_args()).await)
+fn main() -> std::process::ExitCode {
+    // Before the runtime's threads, and before anything opens a database.
+    child_ledger::store::without_allocation_statistics();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(async { child_ledger::cli::exit_code(run(Cli::parse_args()).await) }),
+        Err(err) => child_ledger::cli::exit_code(Err(anyhow::Error::new(err).context("starting the runtime"))),
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -253,8 +253,8 @@ async fn process_all(app: &TestApp, parent: &str) {
     }
 }
 
-/// Every processed child the children search lists with `query` (`queue=`
-/// or nothing more), two a page: (parent, sequence), newest first.
+/// Every processed child the children search lists with `query` (`queue=`,
+/// `parent_id=` or nothing more), two a page: (parent, sequence), newest first.
 async fn processed_listed(app: &TestApp, query: &str) -> Vec<(String, i64)> {
     let mut listed = Vec::new();
     let mut cursor: Option<String> = None;
@@ -312,6 +312,37 @@ async fn a_deleted_parent_leaves_the_processed_search_whole(backend: Backend) {
         got.sort_by_key(|c| std::cmp::Reverse(c.1));
         assert_eq!(got, want, "{query} after the delete: {listed:?}");
     }
+}
+
+/// A processed child whose row is gone while a batch row still names it
+/// (a parent mid-prune, deleted 5,000 children at a time) is passed over:
+/// the search goes on to the older ones, across parents and in one parent,
+/// rather than ending at the gap.
+async fn the_processed_search_passes_over_children_gone_from_their_batches(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "PG-1", json!({"queue": "pg", "children": children(25)})).await;
+    register(&app, "PG-2", json!({"queue": "pg", "children": children(7)})).await;
+    process_all(&app, "PG-1").await;
+    process_all(&app, "PG-2").await;
+    // The newer parent's children go, its batch rows stay.
+    app.exec("DELETE FROM child WHERE parent_id = 'PG-2'").await;
+    assert!(
+        app.count("SELECT count(*) FROM processed_batch WHERE parent_id = 'PG-2'")
+            .await
+            >= 1
+    );
+    let want: Vec<(String, i64)> = (0..25).rev().map(|s| ("PG-1".to_owned(), s)).collect();
+    for query in ["&queue=pg", ""] {
+        let mut listed = processed_listed(&app, query).await;
+        listed.sort_by_key(|c| std::cmp::Reverse(c.1));
+        assert_eq!(listed, want, "{query}");
+    }
+    // In one parent: its newest children gone, the older ones listed.
+    app.exec("DELETE FROM child WHERE parent_id = 'PG-1' AND sequence >= 20")
+        .await;
+    let mut listed = processed_listed(&app, "&parent_id=PG-1").await;
+    listed.sort_by_key(|c| std::cmp::Reverse(c.1));
+    assert_eq!(listed, want[5..], "one parent");
 }
 
 /// A queue reads as one (200) while it has a parent or is paused: a paused
@@ -543,6 +574,7 @@ both_stores!(
     two_pruners_delete_a_parent_once,
     delete_removes_a_complete_parent,
     a_deleted_parent_leaves_the_processed_search_whole,
+    the_processed_search_passes_over_children_gone_from_their_batches,
     a_paused_queue_outlives_its_parents,
     retention_prunes_complete_parents,
 );

@@ -208,27 +208,42 @@ fn optional<T>(read: Result<Option<T>, sqlx::Error>) -> Result<Option<T>, sqlx::
 pub(crate) fn claimed_child(
     row: &(impl LedgerRow + ?Sized),
 ) -> Result<(ClaimedChild, DateTime<Utc>, QueueName), sqlx::Error> {
-    let parent_id = row.text("parent_id")?;
-    let sequence = row.int("sequence")?;
-    let child = ClaimedChild {
-        idempotency_key: idempotency_key(&parent_id, sequence),
-        parent_id: ParentId::from_ledger(parent_id),
-        sequence,
-        key: row.opt_text("key")?,
-        payload: row.raw_json("payload")?.unwrap_or_else(null_json),
-        attempt: row.int32("attempts")?,
-        previous_attempt: row
-            .opt_text("previous_attempt")?
-            .as_deref()
-            .map(parse_column)
-            .transpose()?,
-        traceparent: row.opt_text("traceparent")?,
-    };
+    let child = claimed(
+        ParentId::from_ledger(row.text("parent_id")?),
+        row.int("sequence")?,
+        row.opt_text("key")?,
+        row.raw_json("payload")?.unwrap_or_else(null_json),
+        row.int32("attempts")?,
+        row.opt_text("previous_attempt")?.as_deref(),
+        row.opt_text("traceparent")?,
+    )?;
     Ok((
         child,
         row.time("lease_expires_at")?,
         QueueName::from_ledger(row.text("queue")?),
     ))
+}
+
+/// A claimed child from what a claim statement read of it.
+pub(crate) fn claimed(
+    parent_id: ParentId,
+    sequence: i64,
+    key: Option<String>,
+    payload: Box<serde_json::value::RawValue>,
+    attempt: i32,
+    previous_attempt: Option<&str>,
+    traceparent: Option<String>,
+) -> Result<ClaimedChild, sqlx::Error> {
+    Ok(ClaimedChild {
+        idempotency_key: idempotency_key(parent_id.as_str(), sequence),
+        parent_id,
+        sequence,
+        key,
+        payload,
+        attempt,
+        previous_attempt: previous_attempt.map(parse_column).transpose()?,
+        traceparent,
+    })
 }
 
 /// Parses a stored enum value, turning a bad one into a decode error.

@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 
 use super::statements::{self, Start};
 use super::{CHUNK, KEY_CHUNK, OneParent, ROWS_PER_READ, Reach, SearchKey, Walk};
-use crate::ledger::{Child, ParentId, QueueName};
+use crate::ledger::{Child, ChildState, ParentId, QueueName};
+use crate::store::rows::LedgerRow;
 use crate::store::statement::Statement;
 use crate::store::{Store, StoreResult, rows};
 
@@ -136,13 +137,30 @@ impl Source {
         spent.examined += rows.len() as u64;
         self.done = (rows.len() as i64) < want;
         for row in &rows {
-            let child = rows::child(&**row)?;
+            self.after_own = true;
+            let Some(child) = self.found(&**row)? else {
+                continue;
+            };
             let key = key_of(&child);
             self.after = Some(key.clone());
-            self.after_own = true;
             self.read.push_back((key, child));
         }
         Ok(())
+    }
+
+    /// The child a row of this walk holds. A processed walk reads a row
+    /// for each key (`statements::PROCESSED_FOUND`): for a child no longer
+    /// there the walk only moves past its key, and this is `None`.
+    fn found(&mut self, row: &(dyn LedgerRow + Send + Sync)) -> StoreResult<Option<Child>> {
+        if self.walk == Walk::Settled(ChildState::Processed) && !row.bool("found")? {
+            self.after = Some((
+                row.time("key_at")?,
+                ParentId::from_ledger(row.text("key_parent")?),
+                row.int("key_sequence")?,
+            ));
+            return Ok(None);
+        }
+        Ok(Some(rows::child(row)?))
     }
 
     pub(super) async fn fill_all(&mut self, store: &Store, want: i64, spent: &mut Spent) -> StoreResult<()> {
@@ -161,7 +179,9 @@ impl Source {
         self.done = (rows.len() as i64) < want;
         let passes_leased = self.walk == Walk::NeverClaimed;
         for row in &rows {
-            let child = rows::child(&**row)?;
+            let Some(child) = self.found(&**row)? else {
+                continue;
+            };
             let key = key_of(&child);
             if passes_leased && row.bool("in_flight")? {
                 // The rest of this parent's children of this change are

@@ -156,13 +156,22 @@ fn processed_keys_of(d: &Dialect, start: Start, kept: bool) -> String {
     )
 }
 
-/// Processed children across parents, whole rows (`processed_keys_of`).
-/// Every child a batch names is processed at the batch's time (terminal is
-/// one-way); the join says so all the same.
+/// A row for each key a processed walk read (`processed_rows`,
+/// `processed_of_parent`): the key (`key_at`, `key_parent`,
+/// `key_sequence`), and whether its child is there (`found`), with the
+/// child's columns (NULL when not). The walk goes on from the last key, so a
+/// batch that names children deleted since (a parent being pruned) does not
+/// end it early.
+const PROCESSED_FOUND: &str = "x.changed_at AS key_at, x.parent_id AS key_parent, x.sequence AS key_sequence, \
+    c.parent_id IS NOT NULL AS found";
+
+/// Processed children across parents, whole rows (`processed_keys_of`,
+/// `PROCESSED_FOUND`). Every child a batch names is processed at the
+/// batch's time (terminal is one-way); the join says so all the same.
 fn processed_rows(d: &Dialect, start: Start) -> String {
     format!(
-        "SELECT {ROW_COLUMNS} FROM ({keys}) x \
-         JOIN child c ON c.parent_id = x.parent_id AND c.sequence = x.sequence AND c.state = 'processed' \
+        "SELECT {PROCESSED_FOUND}, {ROW_COLUMNS} FROM ({keys}) x \
+         LEFT JOIN child c ON c.parent_id = x.parent_id AND c.sequence = x.sequence AND c.state = 'processed' \
          ORDER BY x.changed_at DESC, x.parent_id DESC, x.sequence DESC",
         keys = processed_keys_of(d, start, false),
     )
@@ -174,18 +183,18 @@ fn processed_keys(d: &Dialect, start: Start) -> String {
 }
 
 /// One parent's processed children, newest first, through its outcome
-/// batches (`processed_batch_parent`).
+/// batches (`processed_batch_parent`; `PROCESSED_FOUND`).
 fn processed_of_parent(d: &Dialect, start: Start) -> String {
     let bound = match start {
         Start::Top => "",
         _ => "AND b.changed_at <= $1",
     };
     format!(
-        "SELECT {ROW_COLUMNS} FROM ( \
-             SELECT b.changed_at, ls.value AS sequence FROM processed_batch b CROSS JOIN {sequences} \
+        "SELECT {PROCESSED_FOUND}, {ROW_COLUMNS} FROM ( \
+             SELECT b.changed_at, b.parent_id, ls.value AS sequence FROM processed_batch b CROSS JOIN {sequences} \
              WHERE b.parent_id = $3 {bound} {below} \
              ORDER BY b.changed_at DESC, ls.value DESC LIMIT $4) x \
-         JOIN child c ON c.parent_id = $3 AND c.sequence = x.sequence AND c.state = 'processed' \
+         LEFT JOIN child c ON c.parent_id = $3 AND c.sequence = x.sequence AND c.state = 'processed' \
          ORDER BY x.changed_at DESC, x.sequence DESC",
         sequences = (d.lease_sequences)("b"),
         below = below_in_parent(start, "b.changed_at", "ls.value"),

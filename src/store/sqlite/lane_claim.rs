@@ -7,14 +7,14 @@ use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use serde_json::value::RawValue;
 
 use super::{NOW, SqliteStore, now_by};
 use crate::ledger::{ParentId, QueueName};
 use crate::store::StoreResult;
 use crate::store::admission::Admission;
-use crate::store::reports::{LaneAsk, LaneClaim};
+use crate::store::reports::{LaneAsk, LaneClaim, Leased};
+use crate::store::rows::claimed;
 
 /// Records the lease of claim `?1` on parent `?2`: the children `?3` (a
 /// JSON array; `?6` of them, `?7` the lowest, `?8` the highest), until `?4`
@@ -39,36 +39,54 @@ static LEASE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// A claimed child's trace context: its own when children have their own
-/// (`?7`), else its parent's (`?8`).
+/// (`?5`), else its parent's (`?6`).
 const TRACEPARENT: &str = "coalesce((SELECT t.traceparent FROM trace_context t \
-    WHERE ?7 AND t.parent_id = child.parent_id AND t.sequence = child.sequence), ?8) AS traceparent";
+    WHERE ?5 AND t.parent_id = child.parent_id AND t.sequence = child.sequence), ?6) AS traceparent";
+
+/// What a claim read hands over, as one row: the children (`picked`, a JSON
+/// array of `Read`s in `order`) and the lease's expiry (`?4`, a clock
+/// modifier, from now). One row, not a row per child: sqlx hands each row
+/// from the connection's thread to the task that reads it, and a wake-up
+/// per child cost more than building and parsing the array.
+fn handed_over(picked: &str, order: &str) -> String {
+    format!(
+        "SELECT coalesce(json_group_array(json_array(sequence, key, payload, attempts + 1, previous_attempt, \
+             traceparent) ORDER BY {order}), '[]'), {lease} FROM ({picked})",
+        lease = now_by("?4")
+    )
+}
 
 /// Up to `?2` + 1 children of parent `?1` from its floor `?3` up, in the
 /// primary key (past the floor no claim has taken any), with what a claim
-/// hands out: the extra one is the next floor. `?4` is the lease's clock
-/// modifier, `?5` the claim id, `?6` the lane's queue, `?7` and `?8` the
-/// trace context (`TRACEPARENT`).
+/// hands out (`handed_over`): the extra one is the next floor. `?5` and
+/// `?6` are the trace context (`TRACEPARENT`).
 static FRESH: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT parent_id, sequence, key, payload, attempts + 1 AS attempts, previous_attempt, \
-             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 0 AS returned, {TRACEPARENT} \
-         FROM child WHERE parent_id = ?1 AND sequence >= ?3 AND state = 'pending' AND available_at IS NULL \
-         ORDER BY sequence LIMIT ?2 + 1",
-        lease = now_by("?4")
+    handed_over(
+        &format!(
+            "SELECT sequence, key, payload, attempts, previous_attempt, {TRACEPARENT} \
+             FROM child WHERE parent_id = ?1 AND sequence >= ?3 AND state = 'pending' AND available_at IS NULL \
+             ORDER BY sequence LIMIT ?2 + 1"
+        ),
+        "sequence",
     )
 });
 
 /// Up to `?2` children given back to parent `?1` that are due, earliest due
 /// first, as `FRESH` reads them.
 static DUE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT parent_id, sequence, key, payload, attempts + 1 AS attempts, previous_attempt, \
-             {lease} AS lease_expires_at, ?5 AS claim_id, ?6 AS queue, 1 AS returned, {TRACEPARENT} \
-         FROM child WHERE parent_id = ?1 AND state = 'pending' AND available_at <= {NOW} \
-         ORDER BY available_at LIMIT ?2",
-        lease = now_by("?4")
+    handed_over(
+        &format!(
+            "SELECT sequence, key, payload, attempts, previous_attempt, available_at, {TRACEPARENT} \
+             FROM child WHERE parent_id = ?1 AND state = 'pending' AND available_at <= {NOW} \
+             ORDER BY available_at LIMIT ?2"
+        ),
+        "available_at, sequence",
     )
 });
+
+/// A child a claim read, as `handed_over` lists it: sequence, key, payload
+/// (its stored text), attempt, previous attempt and trace context.
+type Read = (i64, Option<String>, String, i32, Option<String>, Option<String>);
 
 impl SqliteStore {
     /// Leases up to `ask.limit` claimable children of one parent, lowest
@@ -136,53 +154,37 @@ impl SqliteStore {
         };
         let lease = format!("+{} seconds", ask.lease_seconds);
         let claim = ask.claim_id.to_string();
-        let read = |sql: &'static str| {
-            sqlx::query(sql)
+        let mut lease_expires_at: Option<DateTime<Utc>> = None;
+        let mut read = async |sql: &'static str| -> StoreResult<Vec<Read>> {
+            let (picked, expires): (String, DateTime<Utc>) = sqlx::query_as(sql)
                 .bind(parent_id.as_str())
                 .bind(ask.limit)
                 .bind(floor)
                 .bind(&lease)
-                .bind(&claim)
-                .bind(&queue)
                 .bind(children_traced)
                 .bind(&traceparent)
+                .fetch_one(&mut *tx)
+                .await?;
+            // Told the earlier of two reads' expiries: never a later one than the lease's.
+            lease_expires_at = Some(lease_expires_at.map_or(expires, |at| at.min(expires)));
+            Ok(serde_json::from_str(&picked).map_err(|e| sqlx::Error::Decode(e.into()))?)
         };
         let fresh = match floor {
-            Some(_) => read(FRESH.as_str()).fetch_all(&mut *tx).await?,
+            Some(_) => read(FRESH.as_str()).await?,
             None => Vec::new(),
         };
-        let mut picked: Vec<&SqliteRow> = fresh.iter().take(ask.limit as usize).collect();
-        let given_back = if due {
-            read(DUE.as_str()).fetch_all(&mut *tx).await?
-        } else {
-            Vec::new()
-        };
-        let sequence = |row: &SqliteRow| row.try_get::<i64, _>("sequence");
+        let given_back = if due { read(DUE.as_str()).await? } else { Vec::new() };
+        let read_fresh: Vec<i64> = fresh.iter().map(|r| r.0).collect();
+        // The lowest of the fresh and given-back ones, marked whether given back.
+        let mut picked: Vec<(Read, bool)> = fresh.into_iter().take(ask.limit as usize).map(|r| (r, false)).collect();
         if !given_back.is_empty() {
-            picked.extend(given_back.iter());
-            let mut keyed = picked
-                .into_iter()
-                .map(|row| Ok((sequence(row)?, row)))
-                .collect::<Result<Vec<_>, sqlx::Error>>()?;
-            keyed.sort_by_key(|(s, _)| *s);
-            keyed.truncate(ask.limit as usize);
-            picked = keyed.into_iter().map(|(_, row)| row).collect();
+            picked.extend(given_back.into_iter().map(|r| (r, true)));
+            picked.sort_by_key(|(r, _)| r.0);
+            picked.truncate(ask.limit as usize);
         }
-        let mut taken = BTreeSet::new();
-        let mut returned = Vec::new();
-        for row in &picked {
-            let s = sequence(row)?;
-            taken.insert(s);
-            if row.try_get::<i64, _>("returned")? == 1 {
-                returned.push(s);
-            }
-        }
-        let next_floor = fresh
-            .iter()
-            .map(sequence)
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .find(|s| !taken.contains(s));
+        let taken: BTreeSet<i64> = picked.iter().map(|(r, _)| r.0).collect();
+        let returned: Vec<i64> = picked.iter().filter(|(_, back)| *back).map(|(r, _)| r.0).collect();
+        let next_floor = read_fresh.into_iter().find(|s| !taken.contains(s));
         if !returned.is_empty() {
             sqlx::query(
                 "UPDATE child SET available_at = NULL \
@@ -225,8 +227,35 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        let mut claim = LaneClaim::taken_from_rows(std::slice::from_ref(ask), picked)?.remove(0);
-        claim.held_by = held_by;
-        Ok(claim)
+        let children = picked
+            .into_iter()
+            .map(|((sequence, key, payload, attempt, previous, traceparent), _)| {
+                let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
+                claimed(
+                    parent_id.clone(),
+                    sequence,
+                    key,
+                    payload,
+                    attempt,
+                    previous.as_deref(),
+                    traceparent,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let leased = if children.is_empty() {
+            Leased::default()
+        } else {
+            Leased {
+                children,
+                lease_expires_at,
+                queue: Some(QueueName::from_ledger(queue)),
+                next_available_at: None,
+            }
+        };
+        Ok(LaneClaim {
+            leased,
+            taken: true,
+            held_by,
+        })
     }
 }
