@@ -279,15 +279,28 @@ async fn processed_listed(app: &TestApp, query: &str) -> Vec<(String, i64)> {
     panic!("paging did not end");
 }
 
+/// Parents `{prefix}-1` (25 children) and then `{prefix}-2` (7) in `queue`,
+/// every child processed, the first parent's before the second's.
+async fn two_processed_parents(app: &TestApp, prefix: &str, queue: &str) {
+    for (n, size) in [(1, 25), (2, 7)] {
+        register(
+            app,
+            &format!("{prefix}-{n}"),
+            json!({"queue": queue, "children": children(size)}),
+        )
+        .await;
+    }
+    for n in [1, 2] {
+        process_all(app, &format!("{prefix}-{n}")).await;
+    }
+}
+
 /// Deleting a complete parent takes the outcome batches that name its
 /// processed children with it, and the children search of processed
 /// children goes on listing every other parent's, whole.
 async fn a_deleted_parent_leaves_the_processed_search_whole(backend: Backend) {
     let app = spawn_app(backend).await;
-    register(&app, "PS-1", json!({"queue": "ps", "children": children(25)})).await;
-    register(&app, "PS-2", json!({"queue": "ps", "children": children(7)})).await;
-    process_all(&app, "PS-1").await;
-    process_all(&app, "PS-2").await;
+    two_processed_parents(&app, "PS", "ps").await;
     for query in ["&queue=ps", ""] {
         let listed = processed_listed(&app, query).await;
         assert_eq!(listed.len(), 32, "{query}: {listed:?}");
@@ -320,10 +333,7 @@ async fn a_deleted_parent_leaves_the_processed_search_whole(backend: Backend) {
 /// rather than ending at the gap.
 async fn the_processed_search_passes_over_children_gone_from_their_batches(backend: Backend) {
     let app = spawn_app(backend).await;
-    register(&app, "PG-1", json!({"queue": "pg", "children": children(25)})).await;
-    register(&app, "PG-2", json!({"queue": "pg", "children": children(7)})).await;
-    process_all(&app, "PG-1").await;
-    process_all(&app, "PG-2").await;
+    two_processed_parents(&app, "PG", "pg").await;
     // The newer parent's children go, its batch rows stay.
     app.exec("DELETE FROM child WHERE parent_id = 'PG-2'").await;
     assert!(
