@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Where a Postgres burn-down's statement time goes, statement by statement.
+
+Registers 2 parents of N/2 children (the cost bench's ~100-byte payloads)
+through a release service on a fresh database, runs `VACUUM ANALYZE` and a
+`CHECKPOINT`, then drains them with the Node `fetch` worker
+(benches/peers/ledger.mjs) and prints, over the burn-down only:
+- children/s, WAL bytes per child, and CPU µs per child of the Postgres
+  processes (all of the server's, from /proc) and of the service;
+- per statement (pg_stat_statements): calls, execution time per child,
+  buffers touched and dirtied per child, WAL bytes per child, full-page images.
+
+Execution time includes lock waits; with LOOPS=1 it is close to CPU time.
+
+    cargo build --release
+    python3 benches/statements.py [N] [BATCH]          # 100000 500
+    LOOPS=1 python3 benches/statements.py 60000 500     # no lock waits
+    CHILD_LEDGER=/tmp/other-build python3 benches/statements.py
+
+Needs psql, node (npm ci in benches/peers) and a Postgres at ADMIN_ROOT
+(trust auth) with pg_stat_statements in shared_preload_libraries:
+    psql -c "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"
+and a restart. Without it, only the totals are printed.
+"""
+import glob, json, os, socket, subprocess, sys, time, urllib.request
+
+ROOT = os.environ.get("ADMIN_ROOT", "postgres://postgres@127.0.0.1:5432")
+BINARY = os.environ.get("CHILD_LEDGER", "target/release/child-ledger")
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+BATCH = sys.argv[2] if len(sys.argv) > 2 else "500"
+LOOPS = os.environ.get("LOOPS", "8")
+DB = f"statements_{os.getpid()}"
+HERE = os.path.dirname(os.path.abspath(__file__))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def psql(sql, db=DB):
+    return subprocess.check_output(["psql", f"{ROOT}/{db}", "-qAtF", "\t", "-c", sql]).decode().strip()
+
+
+def cpu_of(stat, children=False):
+    parts = stat.rsplit(")", 1)[1].split()
+    return sum(int(x) for x in parts[11:15 if children else 13]) / TICK
+
+
+def postgres_cpu():
+    """CPU seconds of every process named postgres (backends and helpers)."""
+    total = 0.0
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            stat = open(path).read()
+        except OSError:
+            continue
+        if "(postgres)" in stat:
+            total += cpu_of(stat, children=True)
+    return total
+
+
+psql(f"CREATE DATABASE {DB}", "postgres")
+sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
+base = f"http://127.0.0.1:{port}"
+service = subprocess.Popen([BINARY, "--listen", f"127.0.0.1:{port}", "--database-url", f"{ROOT}/{DB}"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+try:
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(base + "/readyz"); break
+        except Exception:
+            time.sleep(0.1)
+    body = "abcdefghijklmnopqrstuvwxyz" * 3
+    for name in ("cost-a", "cost-b"):
+        children = [{"payload": {"event": i, "source": "bench", "body": body}} for i in range(N // 2)]
+        r = urllib.request.Request(f"{base}/v1/parents/{name}", method="PUT", headers={"content-type": "application/json"},
+                                   data=json.dumps({"queue": "cost", "decomposed": True, "children": children}).encode())
+        urllib.request.urlopen(r, timeout=600).read()
+    psql("VACUUM ANALYZE"); psql("CHECKPOINT")
+    try:  # fails unless the server preloads the library
+        psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); psql("SELECT pg_stat_statements_reset()")
+        statements = True
+    except subprocess.CalledProcessError:
+        statements = False
+    lsn = psql("SELECT pg_current_wal_lsn()")
+    pg0, svc0, t0 = postgres_cpu(), cpu_of(open(f"/proc/{service.pid}/stat").read()), time.time()
+    subprocess.run(["node", os.path.join(HERE, "peers", "ledger.mjs"), "--base", base, "--queue", "cost",
+                    "--batch", BATCH, "--concurrency", LOOPS, "--children", str(N)], check=True, stdout=subprocess.DEVNULL)
+    t1, pg1, svc1 = time.time(), postgres_cpu(), cpu_of(open(f"/proc/{service.pid}/stat").read())
+    wal = int(psql(f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
+    print(f"{N} children, claims of {BATCH}, {LOOPS} loops: {N / (t1 - t0):,.0f} children/s, WAL {wal / N:.0f} B, "
+          f"CPU µs per child: Postgres {(pg1 - pg0) / N * 1e6:.1f}, service {(svc1 - svc0) / N * 1e6:.1f}")
+    if statements:
+        rows = psql(f"""SELECT calls, total_exec_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
+                         wal_bytes, wal_fpi, regexp_replace(left(query, 60), '\\s+', ' ', 'g')
+                     FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                     WHERE d.datname = '{DB}' ORDER BY total_exec_time DESC LIMIT 8""")
+        print("| calls | exec µs per child | buffers per child | dirtied per child | WAL B per child | FPI | statement |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for line in rows.splitlines():
+            calls, ms, blocks, dirtied, wal_bytes, fpi, query = line.split("\t")
+            print(f"| {calls} | {float(ms) * 1000 / N:.1f} | {int(blocks) / N:.2f} | {int(dirtied) / N:.3f} "
+                  f"| {int(wal_bytes) / N:.0f} | {fpi} | `{query.strip()}…` |")
+    else:
+        print("(pg_stat_statements is not loaded: no per-statement figures)")
+finally:
+    service.terminate(); service.wait()
+    psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", "postgres")
