@@ -199,13 +199,37 @@ fn is_unavailable(err: &sqlx::Error) -> bool {
     }
 }
 
+/// What a statement meets while the store knows it has no writable host and
+/// is searching for one: it is answered unavailable at once (503 with
+/// `Retry-After`), not after waiting out the pool's acquire timeout for a
+/// host that is gone. It is not news of a lost host (the search is on), so
+/// it does not wake the search again.
+#[derive(Debug)]
+pub(crate) struct NoWritableHost(pub String);
+
+impl std::fmt::Display for NoWritableHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no writable database host: {}", self.0)
+    }
+}
+
+impl std::error::Error for NoWritableHost {}
+
+impl NoWritableHost {
+    /// The error a statement returns instead of running (see the type).
+    pub(crate) fn error(why: String) -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::other(Self(why)))
+    }
+}
+
 /// Whether an unavailable error says the host itself is gone or read-only
 /// (not merely slow or busy): the store should look for the primary. A
 /// read-only answer is remembered, so that the pool's connections to that
 /// host are retired.
 fn is_lost(err: &sqlx::Error) -> bool {
     match err {
-        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Io(io) => !io.get_ref().is_some_and(|inner| inner.is::<NoWritableHost>()),
+        sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             if code == "25006" {
                 READ_ONLY_SEEN.store(true, Ordering::Relaxed);
@@ -249,6 +273,22 @@ pub(crate) fn lost_database_errors() -> Vec<sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_writable_host_is_unavailable_and_not_news_of_a_lost_one() {
+        let err = NoWritableHost::error("db-a:5432: connection refused".to_owned());
+        assert!(is_unavailable(&err));
+        assert!(!is_lost(&err), "the search is already on");
+        assert!(
+            err.to_string().contains("no writable database host: db-a:5432"),
+            "{err}"
+        );
+        assert!(is_lost(&sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into())));
+        assert!(matches!(
+            StoreError::from(NoWritableHost::error("x".to_owned())),
+            StoreError::Unavailable(_)
+        ));
+    }
 
     #[test]
     fn a_lost_database_is_unavailable_and_a_failed_query_is_not() {

@@ -194,6 +194,7 @@ impl PgStore {
                 pool,
                 session: Arc::new(session),
                 wrapped: Arc::default(),
+                primary: Arc::clone(&primary),
             },
             primary,
             direct,

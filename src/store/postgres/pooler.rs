@@ -33,6 +33,8 @@ use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{AssertSqlSafe, Column, Execute, Executor, PgPool, Postgres, SqlSafeStr, SqlStr, TypeInfo};
 
 use super::held::Held;
+use super::primary::Primary;
+use crate::store::error::NoWritableHost;
 
 /// How a transaction begins and ends on one kind of connection.
 #[derive(Debug)]
@@ -82,6 +84,9 @@ pub(crate) struct PgDb {
     /// statements' calls of their wrapping functions, by statement text (see
     /// `wrap_hot_statements`).
     pub(super) wrapped: Arc<OnceLock<HashMap<&'static str, &'static str>>>,
+    /// The host in use: while it is lost and the primary is searched for,
+    /// every statement is answered unavailable at once (`gate`).
+    pub(super) primary: Arc<Primary>,
 }
 
 impl PgDb {
@@ -163,14 +168,26 @@ impl PgDb {
         Ok(())
     }
 
+    /// Unavailable at once while no writable host is in use (the pool would
+    /// wait out its acquire timeout for the lost one, and a request that
+    /// outlived the search would have waited with no answer meanwhile).
+    fn gate(&self) -> Result<(), sqlx::Error> {
+        match self.primary.problem() {
+            Some(why) => Err(NoWritableHost::error(why)),
+            None => Ok(()),
+        }
+    }
+
     /// A transaction on a held connection.
     pub(super) async fn begin(&self) -> Result<Held, sqlx::Error> {
+        self.gate()?;
         Held::begin(&self.pool, &self.session).await
     }
 
     /// A connection for a read that may scan; through a transaction pooler,
     /// in a transaction.
     pub(super) async fn read(&self) -> Result<Held, sqlx::Error> {
+        self.gate()?;
         if self.session.transaction_pooled {
             self.begin().await
         } else {
@@ -189,6 +206,9 @@ impl<'p> Executor<'p> for &'_ PgDb {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        if let Err(err) = self.gate() {
+            return futures::stream::once(futures::future::ready(Err(err))).boxed();
+        }
         if !self.session.transaction_pooled {
             return (&self.pool).fetch_many(query);
         }
@@ -208,6 +228,9 @@ impl<'p> Executor<'p> for &'_ PgDb {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        if let Err(err) = self.gate() {
+            return Box::pin(futures::future::ready(Err(err)));
+        }
         if !self.session.transaction_pooled {
             return (&self.pool).fetch_optional(query);
         }
