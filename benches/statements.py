@@ -10,7 +10,11 @@ through a release service on a fresh database, runs `VACUUM ANALYZE` and a
 - per statement (pg_stat_statements): calls, execution time per child,
   buffers touched and dirtied per child, WAL bytes per child, full-page images.
 
-Execution time includes lock waits; with LOOPS=1 it is close to CPU time.
+Execution time includes lock waits; with LOOPS=1 it is close to CPU time. It
+includes planning time where pg_stat_statements.track_planning is on. It does
+not include starting and ending the executor, nor parse, bind and commit:
+compare the statements' sum with the Postgres CPU line. DB_QUERY sets the
+service's connection options (default sslmode=disable, as the cost bench).
 
     cargo build --release
     python3 benches/statements.py [N] [BATCH]          # 100000 500
@@ -59,7 +63,11 @@ def postgres_cpu():
 psql(f"CREATE DATABASE {DB}", "postgres")
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
 base = f"http://127.0.0.1:{port}"
-service = subprocess.Popen([BINARY, "--listen", f"127.0.0.1:{port}", "--database-url", f"{ROOT}/{DB}"],
+# Plain TCP, as the cost bench connects (its peers do not use TLS): with the
+# default sslmode=prefer and a server with ssl = on, every round trip is
+# encrypted (a fifth more Postgres CPU per child at claims of 100 here).
+service = subprocess.Popen([BINARY, "--listen", f"127.0.0.1:{port}", "--database-url",
+                            f"{ROOT}/{DB}?" + os.environ.get("DB_QUERY", "sslmode=disable")],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 try:
     for _ in range(300):
@@ -88,7 +96,7 @@ try:
     print(f"{N} children, claims of {BATCH}, {LOOPS} loops: {N / (t1 - t0):,.0f} children/s, WAL {wal / N:.0f} B, "
           f"CPU µs per child: Postgres {(pg1 - pg0) / N * 1e6:.1f}, service {(svc1 - svc0) / N * 1e6:.1f}")
     if statements:
-        rows = psql(f"""SELECT calls, total_exec_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
+        rows = psql(f"""SELECT calls, total_exec_time + total_plan_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
                          wal_bytes, wal_fpi, regexp_replace(left(query, 60), '\\s+', ' ', 'g')
                      FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                      WHERE d.datname = '{DB}' ORDER BY total_exec_time DESC LIMIT 8""")
