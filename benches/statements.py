@@ -100,7 +100,7 @@ try:
                          wal_bytes, wal_fpi, regexp_replace(left(query, 60), '\\s+', ' ', 'g')
                      FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                      WHERE d.datname = '{DB}' ORDER BY total_exec_time DESC LIMIT 8""")
-        print("| calls | exec µs per child | buffers per child | dirtied per child | WAL B per child | FPI | statement |")
+        print("| calls | exec (+ plan) µs per child | buffers per child | dirtied per child | WAL B per child | FPI | statement |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for line in rows.splitlines():
             calls, ms, blocks, dirtied, wal_bytes, fpi, query = line.split("\t")
