@@ -38,10 +38,11 @@ impl Start {
 }
 
 /// The terminal and held states the indexes of settled children hold, as
-/// they name them (after the one state a statement reads: SQLite takes the
-/// first term of a column for the index, and an `IN` there would lose the
-/// index's order). Processed children are found through their outcome
-/// batches (`processed_rows`).
+/// Postgres's name them (after the one state a statement reads: SQLite takes
+/// the first term of a column for the index, and an `IN` there would lose the
+/// index's order). SQLite's name them as an OR of equalities (its migration
+/// 0020), which that first term implies. Processed children are found
+/// through their outcome batches (`processed_rows`).
 const SETTLED_STATES: &str = "('failed', 'skipped', 'held')";
 
 /// A child row's own columns, as `rows::child` reads them, for a child no

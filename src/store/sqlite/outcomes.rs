@@ -27,6 +27,8 @@ use crate::store::{StoreResult, sql};
 /// The writes are read out of their JSON once (`j`, materialized): the
 /// statement names their fields a dozen times, and each `->>` parses the
 /// element again (about a sixth of the statement's time with 500 writes).
+/// `jsonb_each` hands each element over parsed (`json_each` as text, which
+/// each `->>` parsed again): half of `j`'s time.
 static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("ln.floor", "ln.parent_id IS NOT NULL");
     let lookup = |column: &str| {
@@ -42,7 +44,7 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  value ->> 3 AS reason, \
                  CASE WHEN json_type(value, '$[4]') = 'null' THEN NULL ELSE value -> 4 END AS result, \
                  value ->> 5 AS claim_id \
-             FROM json_each(?1)) \
+             FROM jsonb_each(?1)) \
          UPDATE child AS c SET state = j.outcome, reason = j.reason, result = j.result, terminal_at = {now}, \
              changed_at = {now}, settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
              outcome_attempt = {credited}, attempts = {attempts}, previous_claim_id = {previous}, \

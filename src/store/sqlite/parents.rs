@@ -25,10 +25,12 @@ fn children_json(children: &[NewChild]) -> String {
 impl ChildWrites for SqliteTx {
     async fn insert_children(&mut self, chunk: ChildChunk<'_>) -> StoreResult<Inserted> {
         // Each child read out of the JSON once (`j`): its skip reason is
-        // named three times, and each `->>` parses the element again.
+        // named three times, and each `->>` parses the element again;
+        // `jsonb_each` hands it over parsed (`json_each` as text, parsed
+        // again by each `->`: about a third of the statement's time).
         const INSERT: &str = "WITH j AS MATERIALIZED ( \
                  SELECT value ->> 0 AS sequence, value ->> 1 AS key, value -> 2 AS payload, value ->> 3 AS skip \
-                 FROM json_each(?2)) \
+                 FROM jsonb_each(?2)) \
              INSERT INTO child (parent_id, sequence, key, payload, state, reason, terminal_at, changed_at) \
              SELECT ?1, sequence, key, payload, CASE WHEN skip IS NULL THEN 'pending' ELSE 'skipped' END, skip, \
                  CASE WHEN skip IS NULL THEN NULL ELSE ?3 END, ?3 \
