@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     // Before the runtime's threads, and before anything opens a database.
-    child_ledger::store::without_allocation_statistics();
+    child_ledger::store::prepare_sqlite_memory();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
     match runtime {
         Ok(runtime) => runtime.block_on(async { child_ledger::cli::exit_code(run(Cli::parse_args()).await) }),

@@ -65,7 +65,7 @@ pub use reconcile_jobs::{JobLease, JobStep};
 pub use redrive::Redriven;
 pub use search::{ChildFilter, ChildSearch, SearchKey};
 pub use signals::{Heard, WorkListener};
-pub use sqlite::without_allocation_statistics;
+pub use sqlite::prepare_sqlite_memory;
 pub use webhooks::{AttemptOutcome, Delivery, DeliveryAttempt, DeliveryState, DueEvent};
 
 /// How many children one bulk statement writes or compares: a 100,000-child
