@@ -148,16 +148,23 @@ impl<'de, T> serde::Deserialize<'de> for ChildList<T> {
 impl<T: serde::de::DeserializeOwned> ChildList<T> {
     /// Builds the children of member `field` of the JSON object `body`, at
     /// most `max` of them.
+    /// Read without tracking the path first (see `extract::parse_json`);
+    /// only children that fail are read again, for the path.
     pub fn read(&mut self, body: &[u8], field: &'static str, max: usize) -> ApiResult<()> {
-        let mut json = serde_json::Deserializer::from_slice(body);
-        let mut track = serde_path_to_error::Track::new();
-        let seed = Member::<T> {
+        let seed = || Member::<T> {
             field,
             max,
             items: std::marker::PhantomData,
         };
+        let mut json = serde_json::Deserializer::from_slice(body);
+        if let Ok(items) = serde::de::DeserializeSeed::deserialize(seed(), &mut json) {
+            self.items = items;
+            return Ok(());
+        }
+        let mut json = serde_json::Deserializer::from_slice(body);
+        let mut track = serde_path_to_error::Track::new();
         let read = serde::de::DeserializeSeed::deserialize(
-            seed,
+            seed(),
             serde_path_to_error::Deserializer::new(&mut json, &mut track),
         );
         self.items = read.map_err(|err| super::extract::json_error(track.path().to_string(), err))?;
