@@ -339,6 +339,17 @@ async fn attempts_run_out(backend: Backend) {
     assert_eq!(parent["counts"]["in_flight"], 0, "{parent}");
     assert_eq!(parent["complete"], true, "{parent}");
     assert_eq!(parent["state"], "complete", "{parent}");
+
+    // The expiry counted why, beside the rows, and reconcile agrees.
+    let summary = app.get("/v1/parents/P-max/summary").await.body;
+    assert_eq!(
+        summary["reasons"],
+        json!([{"state": "failed", "reason": "attempts exhausted", "count": 1}]),
+        "{summary}"
+    );
+    let r = app.post("/v1/parents/P-max/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["changes"], json!([]), "{r:?}");
 }
 
 async fn hold_policy_waits_for_a_decision(backend: Backend) {

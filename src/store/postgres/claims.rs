@@ -248,9 +248,9 @@ const CROSSED: i64 = -1;
 
 /// Ends the leases of claims `$1` on parent `$2` that ran out, its lane
 /// locked: their children still held fail when their attempts are
-/// exhausted (and count), stay held for `hold` parents, and otherwise come
-/// back through `available_at`; all remember the attempt expired, and which
-/// claim made it. Then the leases go, and the lane counts what ended. The
+/// exhausted (and count, by reason too), stay held for `hold` parents, and
+/// otherwise come back through `available_at`; all remember the attempt
+/// expired, and which claim made it. Then the leases go, and the lane counts what ended. The
 /// children are written before the leases and the parent after them: the
 /// order an outcome takes them in.
 static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
@@ -273,7 +273,8 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
              FROM gone g, parent p \
              WHERE c.parent_id = $2 AND c.sequence = ANY (g.sequences) AND p.parent_id = $2 \
                AND c.state = 'pending' AND c.available_at IS NULL \
-             RETURNING c.parent_id, c.sequence, c.state, c.available_at), \
+             RETURNING c.parent_id, c.sequence, c.state, c.available_at, c.reason), \
+         {reasons}, \
          ended AS ( \
              DELETE FROM claim_lease l USING gone g \
              WHERE l.claim_id = g.claim_id AND l.parent_id = $2 AND (SELECT count(*) FROM moved) >= 0), \
@@ -291,6 +292,7 @@ static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
          UNION ALL SELECT parent_id, 0 FROM bumped WHERE completed \
          UNION ALL SELECT parent_id, {CROSSED} FROM bumped WHERE crossed",
         bump = BUMP_PARENTS.as_str(),
+        reasons = super::count_reasons("moved"),
         listed = super::listed("l"),
         backoff = sql::backoff_seconds(RANDOM, "p", "c.attempts + 1")
     )

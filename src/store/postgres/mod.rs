@@ -91,6 +91,23 @@ fn boxed(rows: Vec<PgRow>) -> Vec<Row> {
 /// The current minute since the epoch, by the database clock.
 const MINUTE: &str = "(floor(extract(epoch FROM now()) / 60))::bigint";
 
+/// A `reasons` CTE: adds the children that `rows (parent_id, state, reason)`
+/// made failed or skipped to their parents' reason counts (`child_reason`,
+/// migration 0019), one row version per parent, state and reason per
+/// statement. Every update that makes a child failed or skipped names it
+/// (an outcome batch, an expiry that exhausts the attempts, a parent's skips;
+/// migration 0022 dropped the trigger that did it for every update, outcomes
+/// of `processed` included); no update takes a child out of those states.
+fn count_reasons(rows: &str) -> String {
+    format!(
+        "reasons AS ( \
+             INSERT INTO child_reason AS r (parent_id, state, reason_null, reason, n) \
+             SELECT parent_id, state, reason IS NULL, coalesce(reason, ''), count(*) FROM {rows} \
+             WHERE state IN ('failed', 'skipped') GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4 \
+             ON CONFLICT (parent_id, state, reason_null, md5(reason)) DO UPDATE SET n = r.n + excluded.n)"
+    )
+}
+
 /// The `LISTEN`/`NOTIFY` channel on which replicas wake each other's waiting claims.
 const WORK_CHANNEL: &str = "child_ledger_work";
 

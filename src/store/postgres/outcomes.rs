@@ -75,7 +75,8 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// ends the attempt on the row (as a lease end does) and takes the child
 /// out of its lease, which goes once it holds nothing. The children it
 /// makes processed are named in one `processed_batch` row (migration 0020),
-/// where the children search finds them.
+/// where the children search finds them; those it makes failed or skipped
+/// count by reason (`reasons`).
 ///
 /// The floor moves up only under the lane's lock, so a floor read from this
 /// statement's snapshot is right for every child below it: those a claim
@@ -140,7 +141,8 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                AND c.state IN ('pending', 'held') AND {fenced} AND NOT EXISTS (SELECT 1 FROM racing) \
                AND NOT EXISTS (SELECT 1 FROM tolerant) \
-             RETURNING c.parent_id, c.sequence, c.state, c.settled_from, c.claim_id), \
+             RETURNING c.parent_id, c.sequence, c.state, c.settled_from, c.claim_id, c.reason), \
+         {reasons}, \
          counted AS ( \
              SELECT claim_id, count(*) AS n FROM applied WHERE settled_from = 'in_flight' GROUP BY claim_id), \
          kept AS ( \
@@ -178,7 +180,8 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
         fenced = sql::fence_admits("u.claim_id", &view),
         attempts = view.attempts,
         previous = view.previous_claim_id,
-        bump = BUMP_PARENTS.as_str()
+        bump = BUMP_PARENTS.as_str(),
+        reasons = super::count_reasons("applied")
     )
 });
 

@@ -55,7 +55,8 @@ impl ChildWrites for PgTx {
     }
 
     /// From arrays, in one statement, which counts the reasons of the
-    /// children it skips (`child_reason`; an update's are counted by trigger).
+    /// children it skips (`child_reason`; an update counts those it makes
+    /// failed or skipped itself: see `count_reasons`).
     async fn insert_children(&mut self, chunk: ChildChunk<'_>) -> StoreResult<Inserted> {
         let ChildChunk {
             parent_id,
@@ -114,8 +115,8 @@ impl ChildWrites for PgTx {
 /// Skips every open child of parent `$1` with reason `$2`, its lane locked
 /// first (the lock's row is the lane as it is now: its floor says which
 /// children are in flight), ending the attempts of those in flight as an
-/// outcome does; then its leases go. Counts them, and those that were in
-/// flight or held.
+/// outcome does; then its leases go. Counts them (by reason too), and those
+/// that were in flight or held.
 static SKIP_OPEN: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM turn)", "EXISTS (SELECT 1 FROM turn)");
     let view = sql::ClaimView::of(&leased, &sql::holder(&super::POSTGRES, "claim_id"));
@@ -126,12 +127,14 @@ static SKIP_OPEN: LazyLock<String> = LazyLock::new(|| {
                  settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
                  attempts = {attempts}, claim_id = {claim}, previous_claim_id = {previous}, available_at = NULL \
              WHERE c.parent_id = $1 AND c.state IN ('pending', 'held') AND (SELECT count(*) FROM turn) >= 0 \
-             RETURNING c.settled_from), \
+             RETURNING c.parent_id, c.state, c.reason, c.settled_from), \
+         {reasons}, \
          ended AS (DELETE FROM claim_lease WHERE parent_id = $1 AND (SELECT count(*) FROM cancelled) >= 0) \
          SELECT count(*), count(*) FILTER (WHERE settled_from = 'in_flight'), \
              count(*) FILTER (WHERE settled_from = 'held') FROM cancelled",
         attempts = view.attempts,
         claim = view.claim_id,
-        previous = view.previous_claim_id
+        previous = view.previous_claim_id,
+        reasons = super::count_reasons("cancelled")
     )
 });
