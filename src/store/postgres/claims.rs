@@ -250,9 +250,9 @@ const CROSSED: i64 = -1;
 /// locked: their children still held fail when their attempts are
 /// exhausted (and count, by reason too), stay held for `hold` parents, and
 /// otherwise come back through `available_at`; all remember the attempt
-/// expired, and which claim made it. Then the leases go, and the lane counts what ended. The
-/// children are written before the leases and the parent after them: the
-/// order an outcome takes them in.
+/// expired, and which claim made it. Then the leases go, and the lane counts
+/// what ended. The children are written before the leases and the parent
+/// after them: the order an outcome takes them in.
 static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
     let exhausted = "p.max_attempts IS NOT NULL AND c.attempts + 1 >= p.max_attempts";
     format!(
