@@ -15,11 +15,13 @@ pub(crate) fn complete(decomposed: &str, terminal: &str, total: &str) -> String 
 
 /// `Tolerance::crossed` in SQL: whether `failed` children of `total` are
 /// more than a parent's stored tolerance (`count`, `percent`: its columns,
-/// at most one set; neither: never crossed) tolerates.
+/// at most one set; neither: never crossed) tolerates. `failed` may be an
+/// expression (`p.failed - d.failed`): it is parenthesized, so the
+/// percentage multiplies all of it.
 pub(crate) fn crossed(count: &str, percent: &str, failed: &str, total: &str) -> String {
     format!(
-        "(({count} IS NOT NULL AND {failed} > {count}) \
-          OR ({count} IS NULL AND {percent} IS NOT NULL AND {failed} * 100.0 > {percent} * {total}))"
+        "(({count} IS NOT NULL AND ({failed}) > {count}) \
+          OR ({count} IS NULL AND {percent} IS NOT NULL AND ({failed}) * 100.0 > {percent} * {total}))"
     )
 }
 
