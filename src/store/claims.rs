@@ -330,16 +330,16 @@ impl Store {
             ClaimScope::Queue(queue) => Some(queue.clone()),
             ClaimScope::Parent(_) => request.queue.clone(),
         };
-        // Claims of one lane in this process share one slot, whichever their
-        // turn: a claim that waits goes in the statement after the one that
-        // runs, with those that came meanwhile, rather than wait in the
-        // database for its lock beside it.
-        let key = (parent_id.clone(), queue.clone());
-        if turn == LaneTurn::Skip && self.lane_claims.busy(&key) {
+        let key = (parent_id.clone(), turn, queue.clone());
+        if turn == LaneTurn::Skip
+            && (self.lane_claims.busy(&key)
+                || self
+                    .lane_claims
+                    .busy(&(parent_id.clone(), LaneTurn::Wait, queue.clone())))
+        {
             return Ok(LaneClaim::default());
         }
         let ask = LaneAsk {
-            turn,
             claim_id: request.claim_id,
             worker: request.worker.clone(),
             lease_seconds: request.lease_seconds,
@@ -352,14 +352,6 @@ impl Store {
             .submit(key, ask, move |asks| {
                 let (db, parent, queue) = (db.clone(), parent.clone(), queue.clone());
                 async move {
-                    // A claim that passes a locked lane by and one that waits
-                    // for it may share a statement (the first came in the
-                    // moment the lane was free): it waits.
-                    let turn = if asks.iter().any(|a| a.turn == LaneTurn::Wait) {
-                        LaneTurn::Wait
-                    } else {
-                        LaneTurn::Skip
-                    };
                     db.claim_lane(LaneClaimParams {
                         parent_id: &parent,
                         queue: queue.as_ref(),

@@ -42,7 +42,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use backend::{Backend, Row, Transaction};
-use reports::{LaneAsk, LaneClaim};
+use reports::{LaneAsk, LaneClaim, LaneTurn};
 use statement::{Dialect, Sql, SqlSet, Statement};
 
 use crate::ledger::{OutcomeWrite, ParentId, QueueName};
@@ -105,7 +105,7 @@ impl Default for StoreOptions {
 
 /// The claims that share a lane claim statement: of one parent, taking their
 /// turn the same way, expecting the lane in the same queue.
-type LaneKey = (ParentId, Option<QueueName>);
+type LaneKey = (ParentId, LaneTurn, Option<QueueName>);
 
 /// The ledger's store: one backend, chosen once from the URL.
 #[derive(Clone)]

@@ -87,9 +87,6 @@ pub(crate) enum LaneTurn {
 /// One claim's share of a lane claim statement.
 #[derive(Debug, Clone)]
 pub(crate) struct LaneAsk {
-    /// How this claim takes its turn: a statement shared with a claim that
-    /// waits waits too (see `store::claims::claim_lane`).
-    pub turn: LaneTurn,
     pub claim_id: Uuid,
     pub worker: Option<String>,
     pub lease_seconds: i64,
