@@ -25,18 +25,20 @@ mod allocator_options {
     /// they go back to the system, in milliseconds (1,000 by default).
     const PURGE_DELAY: c_int = 15;
 
-    /// Pages a request freed go back to the system at once rather than a
+    /// Pages a request freed go back to the system 10 ms later rather than a
     /// second later. A registration of 100,000 children (12 MB of JSON, its
     /// parsed children, the statement's arrays) frees large blocks while the
     /// next one allocates: three of them in a row took the SQLite service to
-    /// 148-166 MiB of resident memory with the default, 111-121 with a delay
-    /// of 10 ms, 91-95 at once (glibc's malloc: 95). A burn-down's CPU
-    /// figures show no difference (`benches/RESULTS.md`).
+    /// 148-166 MiB of resident memory with the default, 111-121 with 10 ms,
+    /// 91-95 at once (glibc's malloc: 95); a SQLite burn-down of 200,000
+    /// children peaked at 132-148 MiB, 105-108 with 10 ms. At once cost that
+    /// burn-down's service 11-15% more CPU; 10 ms, nothing measurable
+    /// (`benches/RESULTS.md`).
     pub fn set() {
         // SAFETY: `mi_option_set` takes any option and value at any time;
         // this one is read when memory is next freed.
         unsafe {
-            mi_option_set(PURGE_DELAY, 0);
+            mi_option_set(PURGE_DELAY, 10);
         }
     }
 }
