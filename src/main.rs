@@ -19,6 +19,8 @@ mod allocator_options {
 
     unsafe extern "C" {
         fn mi_option_set(option: c_int, value: c_long);
+        #[cfg(test)]
+        fn mi_option_get(option: c_int) -> c_long;
     }
 
     /// `mi_option_purge_delay`: how long freed pages stay committed before
@@ -39,6 +41,20 @@ mod allocator_options {
         // this one is read when memory is next freed.
         unsafe {
             mi_option_set(PURGE_DELAY, 10);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        /// `PURGE_DELAY` is a position in mimalloc's option list, written by
+        /// hand: the option there has purge_delay's default (1,000 ms) before
+        /// `set`, and 10 after (run without `MIMALLOC_PURGE_DELAY` set).
+        #[test]
+        fn purge_delay_is_the_option_it_names() {
+            // SAFETY: reading an option has no precondition.
+            assert_eq!(unsafe { super::mi_option_get(super::PURGE_DELAY) }, 1_000);
+            super::set();
+            assert_eq!(unsafe { super::mi_option_get(super::PURGE_DELAY) }, 10);
         }
     }
 }
