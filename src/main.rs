@@ -15,17 +15,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// mimalloc's options, set before the runtime starts (`mi_option_e` of the
 /// bundled mimalloc v3's `mimalloc.h`).
 mod allocator_options {
-    use std::ffi::{c_int, c_long};
-
-    unsafe extern "C" {
-        fn mi_option_set(option: c_int, value: c_long);
-        #[cfg(test)]
-        fn mi_option_get(option: c_int) -> c_long;
-    }
+    use libmimalloc_sys::{mi_option_set, mi_option_t};
 
     /// `mi_option_purge_delay`: how long freed pages stay committed before
     /// they go back to the system, in milliseconds (1,000 by default).
-    const PURGE_DELAY: c_int = 15;
+    /// Not among the sys crate's named options, so its number is written here.
+    const PURGE_DELAY: mi_option_t = 15;
 
     /// Pages a request freed go back to the system 10 ms later rather than a
     /// second later. A registration of 100,000 children (12 MB of JSON, its
@@ -37,8 +32,9 @@ mod allocator_options {
     /// burn-down's service 11-15% more CPU; 10 ms, nothing measurable
     /// (`benches/RESULTS.md`).
     pub fn set() {
-        // SAFETY: `mi_option_set` takes any option and value at any time;
-        // this one is read when memory is next freed.
+        // SAFETY: `mi_option_set` is not thread safe: `main` calls this
+        // before the runtime (or anything else) starts a thread. The option is
+        // read when memory is next freed.
         unsafe {
             mi_option_set(PURGE_DELAY, 10);
         }
@@ -51,10 +47,12 @@ mod allocator_options {
         /// `set`, and 10 after (run without `MIMALLOC_PURGE_DELAY` set).
         #[test]
         fn purge_delay_is_the_option_it_names() {
-            // SAFETY: reading an option has no precondition.
-            assert_eq!(unsafe { super::mi_option_get(super::PURGE_DELAY) }, 1_000);
+            use libmimalloc_sys::mi_option_get;
+            // SAFETY: this test is the only code in its binary that reads or
+            // sets mimalloc's options.
+            assert_eq!(unsafe { mi_option_get(super::PURGE_DELAY) }, 1_000);
             super::set();
-            assert_eq!(unsafe { super::mi_option_get(super::PURGE_DELAY) }, 10);
+            assert_eq!(unsafe { mi_option_get(super::PURGE_DELAY) }, 10);
         }
     }
 }
