@@ -4,10 +4,12 @@
 Registers 2 parents of N/2 children (the cost bench's ~100-byte payloads)
 through a release service on a fresh database, runs `VACUUM ANALYZE` and a
 `CHECKPOINT`, then drains them with the Node `fetch` worker
-(benches/peers/ledger.mjs) and prints, over the burn-down only:
-- children/s, WAL bytes per child, and CPU µs per child of the Postgres
-  processes (all of the server's, from /proc) and of the service;
-- per statement (pg_stat_statements): calls, execution time per child,
+(benches/peers/ledger.mjs), then runs a closing `CHECKPOINT`: the cost
+bench's window. It prints:
+- for each phase (registration, settle, burn-down, checkpoint): CPU µs per
+  child of the Postgres processes (all of the server's, from /proc) and of
+  the service, and WAL bytes per child; children/s of the burn-down;
+- over the burn-down only, per statement (pg_stat_statements): calls, execution time per child,
   buffers touched and dirtied per child, WAL bytes per child, full-page images.
 
 Execution time includes lock waits; with LOOPS=1 it is close to CPU time. It
@@ -47,6 +49,24 @@ def cpu_of(stat, children=False):
     return sum(int(x) for x in parts[11:15 if children else 13]) / TICK
 
 
+def service_cpu():
+    return cpu_of(open(f"/proc/{service.pid}/stat").read())
+
+
+def wal_lsn():
+    return psql("SELECT pg_current_wal_lsn()")
+
+
+def phase(name, run):
+    """Runs one phase of the window and prints what it cost per child."""
+    lsn, pg0, svc0 = wal_lsn(), postgres_cpu(), service_cpu()
+    run()
+    pg1, svc1 = postgres_cpu(), service_cpu()
+    wal = int(psql(f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
+    print(f"{name:>12}: CPU µs per child: Postgres {(pg1 - pg0) / N * 1e6:.1f}, service {(svc1 - svc0) / N * 1e6:.1f}; "
+          f"WAL {wal / N:.0f} B")
+
+
 def postgres_cpu():
     """CPU seconds of every process named postgres (backends and helpers)."""
     total = 0.0
@@ -76,25 +96,29 @@ try:
         except Exception:
             time.sleep(0.1)
     body = "abcdefghijklmnopqrstuvwxyz" * 3
-    for name in ("cost-a", "cost-b"):
-        children = [{"payload": {"event": i, "source": "bench", "body": body}} for i in range(N // 2)]
-        r = urllib.request.Request(f"{base}/v1/parents/{name}", method="PUT", headers={"content-type": "application/json"},
-                                   data=json.dumps({"queue": "cost", "decomposed": True, "children": children}).encode())
-        urllib.request.urlopen(r, timeout=600).read()
-    psql("VACUUM ANALYZE"); psql("CHECKPOINT")
+    bodies = [json.dumps({"queue": "cost", "decomposed": True, "children": [
+        {"payload": {"event": i, "source": "bench", "body": body}} for i in range(N // 2)]}).encode()] * 2
+    psql("CHECKPOINT")
+    print(f"{N} children, claims of {BATCH}, {LOOPS} loops")
+
+    def register():
+        for name, data in zip(("cost-a", "cost-b"), bodies):
+            r = urllib.request.Request(f"{base}/v1/parents/{name}", method="PUT",
+                                       headers={"content-type": "application/json"}, data=data)
+            urllib.request.urlopen(r, timeout=600).read()
+    phase("registration", register)
+    phase("settle", lambda: (psql("VACUUM ANALYZE"), psql("CHECKPOINT")))
     try:  # fails unless the server preloads the library
         psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); psql("SELECT pg_stat_statements_reset()")
         statements = True
     except subprocess.CalledProcessError:
         statements = False
-    lsn = psql("SELECT pg_current_wal_lsn()")
-    pg0, svc0, t0 = postgres_cpu(), cpu_of(open(f"/proc/{service.pid}/stat").read()), time.time()
-    subprocess.run(["node", os.path.join(HERE, "peers", "ledger.mjs"), "--base", base, "--queue", "cost",
-                    "--batch", BATCH, "--concurrency", LOOPS, "--children", str(N)], check=True, stdout=subprocess.DEVNULL)
-    t1, pg1, svc1 = time.time(), postgres_cpu(), cpu_of(open(f"/proc/{service.pid}/stat").read())
-    wal = int(psql(f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
-    print(f"{N} children, claims of {BATCH}, {LOOPS} loops: {N / (t1 - t0):,.0f} children/s, WAL {wal / N:.0f} B, "
-          f"CPU µs per child: Postgres {(pg1 - pg0) / N * 1e6:.1f}, service {(svc1 - svc0) / N * 1e6:.1f}")
+    t0 = time.time()
+    phase("burn-down", lambda: subprocess.run(
+        ["node", os.path.join(HERE, "peers", "ledger.mjs"), "--base", base, "--queue", "cost", "--batch", BATCH,
+         "--concurrency", LOOPS, "--children", str(N)], check=True, stdout=subprocess.DEVNULL))
+    print(f"{'':>12}  {N / (time.time() - t0):,.0f} children/s")
+    phase("checkpoint", lambda: psql("CHECKPOINT"))
     if statements:
         rows = psql(f"""SELECT calls, total_exec_time + total_plan_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
                          wal_bytes, wal_fpi, regexp_replace(left(query, 60), '\\s+', ' ', 'g')
