@@ -402,6 +402,96 @@ async fn hold_policy_waits_for_a_decision(backend: Backend) {
     assert_eq!(get_child(&app, "P-hold", 0).await["state"], "processed");
 }
 
+/// A claim whose outcomes came in for some of its children only. Those stay
+/// recorded as the claim left them (its id, its worker, its attempt) through
+/// a release of the rest, their second claim and its expiry; a second
+/// outcome for one of them loses; the rest go out again; and the counts and
+/// the ledger agree at the end.
+async fn a_lease_recorded_in_part(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-part", json!({"children": children(6)})).await;
+    let a = claim(&app, "P-part", 10, 300, "worker-a").await;
+    assert_eq!(sequences(&a), [0, 1, 2, 3, 4, 5]);
+
+    let write = |sequence: u64, outcome: &str| {
+        let mut w = json!({"parent_id": "P-part", "sequence": sequence, "outcome": outcome, "claim_id": claim_id(&a)});
+        if outcome == "failed" {
+            w["reason"] = json!("bad input");
+        }
+        w
+    };
+    let r = app
+        .post(
+            "/v1/outcomes",
+            json!({"outcomes": [write(0, "processed"), write(1, "processed"), write(2, "failed")]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    for result in r.body["results"].as_array().expect("results") {
+        assert_eq!(result["status"], "applied", "{r:?}");
+    }
+    let counts = |parent: &Value| parent["counts"].clone();
+    assert_eq!(
+        counts(&get_parent(&app, "P-part").await),
+        json!({"total": 6, "processed": 2, "failed": 1, "skipped": 0, "pending": 0, "in_flight": 3, "held": 0})
+    );
+
+    // The claim gives back only what it still holds.
+    let released = release(&app, claim_id(&a), json!({})).await;
+    assert_eq!(released["released"], 3, "{released}");
+    // A second outcome for a recorded child loses, even from its own claim.
+    let r = app
+        .post(
+            "/v1/parents/P-part/children/1/outcome",
+            json!({"outcome": "failed", "reason": "late", "claim_id": claim_id(&a)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+
+    let b = claim(&app, "P-part", 10, 300, "worker-b").await;
+    assert_eq!(sequences(&b), [3, 4, 5], "{b}");
+    for child in b["children"].as_array().unwrap() {
+        assert_eq!(child["attempt"], 2, "{child}");
+        assert_eq!(child["previous_attempt"], "released", "{child}");
+    }
+    app.expire_claim(claim_id(&b)).await;
+    let c = claim(&app, "P-part", 10, 300, "worker-c").await;
+    assert_eq!(sequences(&c), [3, 4, 5], "{c}");
+    for child in c["children"].as_array().unwrap() {
+        assert_eq!(child["attempt"], 3, "{child}");
+        assert_eq!(child["previous_attempt"], "expired", "{child}");
+    }
+
+    for sequence in [0, 1] {
+        let child = get_child(&app, "P-part", sequence).await;
+        assert_eq!(child["state"], "processed", "{child}");
+        assert_eq!(child["outcome"], "processed", "{child}");
+        assert_eq!(child["claim_id"], claim_id(&a), "{child}");
+        assert_eq!(child["claimed_by"], "worker-a", "{child}");
+        assert_eq!(child["attempts"], 1, "{child}");
+        assert_eq!(child["outcome_attempt"], 1, "{child}");
+        // The losing second outcome is logged on its child.
+        assert_eq!(child["conflict_count"], u64::from(sequence == 1), "{child}");
+        timestamp(&child["terminal_at"]);
+    }
+    let failed = get_child(&app, "P-part", 2).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["reason"], "bad input", "{failed}");
+    assert_eq!(failed["claim_id"], claim_id(&a), "{failed}");
+    let held = get_child(&app, "P-part", 4).await;
+    assert_eq!(held["state"], "in_flight", "{held}");
+    assert_eq!(held["claim_id"], claim_id(&c), "{held}");
+    assert_eq!(held["attempts"], 3, "{held}");
+
+    assert_eq!(
+        counts(&get_parent(&app, "P-part").await),
+        json!({"total": 6, "processed": 2, "failed": 1, "skipped": 0, "pending": 0, "in_flight": 3, "held": 0})
+    );
+    let r = app.post("/v1/parents/P-part/reconcile", json!({"dry_run": true})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["changes"], json!([]), "the projection is the ledger: {r:?}");
+}
+
 both_stores!(
     lease_expiry_hands_child_out_again,
     extend_keeps_the_lease,
@@ -411,4 +501,5 @@ both_stores!(
     attempts_run_out,
     hold_policy_waits_for_a_decision,
     lower_child_pending_again_comes_first,
+    a_lease_recorded_in_part,
 );
