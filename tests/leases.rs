@@ -492,6 +492,89 @@ async fn a_lease_recorded_in_part(backend: Backend) {
     assert_eq!(r.body["changes"], json!([]), "the projection is the ledger: {r:?}");
 }
 
+/// A claim recorded in part whose lease then runs out, on a parent that
+/// holds expired children: only the unrecorded ones are held; the children
+/// search finds each child in its state while the lease is live and after;
+/// a cancellation skips the held ones and leaves the recorded ones alone.
+async fn a_held_lease_recorded_in_part(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(
+        &app,
+        "P-hpart",
+        json!({"children": children(4), "expired_lease": "hold"}),
+    )
+    .await;
+    let a = claim(&app, "P-hpart", 10, 300, "worker-a").await;
+    assert_eq!(sequences(&a), [0, 1, 2, 3]);
+    for sequence in [0, 1] {
+        let r = app
+            .post(
+                &format!("/v1/parents/P-hpart/children/{sequence}/outcome"),
+                json!({"outcome": "processed", "claim_id": claim_id(&a)}),
+            )
+            .await;
+        assert_eq!(r.body["applied"], true, "{r:?}");
+    }
+    let found = |state: &'static str| {
+        let app = &app;
+        async move {
+            let r = app.get(&format!("/v1/children?state={state}&parent_id=P-hpart")).await;
+            assert_eq!(r.status, StatusCode::OK, "{r:?}");
+            let mut sequences: Vec<u64> = r.body["children"]
+                .as_array()
+                .expect("children")
+                .iter()
+                .map(|c| {
+                    assert_eq!(c["state"], state, "{c}");
+                    c["sequence"].as_u64().expect("sequence")
+                })
+                .collect();
+            sequences.sort_unstable();
+            sequences
+        }
+    };
+    assert_eq!(found("processed").await, [0, 1]);
+    assert_eq!(found("in_flight").await, [2, 3]);
+    assert!(found("pending").await.is_empty());
+
+    app.expire_claim(claim_id(&a)).await;
+    for sequence in [2, 3] {
+        wait_for_child_state(&app, "P-hpart", sequence, "held").await;
+    }
+    for sequence in [0, 1] {
+        let child = get_child(&app, "P-hpart", sequence).await;
+        assert_eq!(child["state"], "processed", "{child}");
+        assert_eq!(child["claim_id"], claim_id(&a), "{child}");
+    }
+    assert_eq!(found("processed").await, [0, 1]);
+    assert_eq!(found("held").await, [2, 3]);
+    assert!(found("in_flight").await.is_empty());
+    let parent = get_parent(&app, "P-hpart").await;
+    assert_eq!(
+        parent["counts"],
+        json!({"total": 4, "processed": 2, "failed": 0, "skipped": 0, "pending": 0, "in_flight": 0, "held": 2}),
+        "{parent}"
+    );
+
+    let r = app
+        .post("/v1/parents/P-hpart/cancel", json!({"reason": "withdrawn"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["skipped"], 2, "{r:?}");
+    assert_eq!(
+        r.body["parent"]["counts"],
+        json!({"total": 4, "processed": 2, "failed": 0, "skipped": 2, "pending": 0, "in_flight": 0, "held": 0}),
+        "{r:?}"
+    );
+    assert_eq!(found("processed").await, [0, 1]);
+    assert_eq!(found("skipped").await, [2, 3]);
+    let r = app
+        .post("/v1/parents/P-hpart/reconcile", json!({"dry_run": true}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["changes"], json!([]), "the projection is the ledger: {r:?}");
+}
+
 both_stores!(
     lease_expiry_hands_child_out_again,
     extend_keeps_the_lease,
@@ -502,4 +585,5 @@ both_stores!(
     hold_policy_waits_for_a_decision,
     lower_child_pending_again_comes_first,
     a_lease_recorded_in_part,
+    a_held_lease_recorded_in_part,
 );
