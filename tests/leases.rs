@@ -575,6 +575,104 @@ async fn a_held_lease_recorded_in_part(backend: Backend) {
     assert_eq!(r.body["changes"], json!([]), "the projection is the ledger: {r:?}");
 }
 
+/// A claim recorded in part, read through every reader of a parent's
+/// children: its list (whole and by state), its results export (whole and by
+/// state) and its summary all show the recorded children as recorded, with
+/// their results, and the rest as in flight.
+async fn a_lease_recorded_in_part_reads_alike_everywhere(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-read", json!({"children": children(6)})).await;
+    let a = claim(&app, "P-read", 10, 300, "worker-a").await;
+    let r = app
+        .post(
+            "/v1/outcomes",
+            json!({"outcomes": [
+                {"parent_id": "P-read", "sequence": 0, "outcome": "processed", "claim_id": claim_id(&a)},
+                {"parent_id": "P-read", "sequence": 1, "outcome": "processed", "result": {"ok": 1}, "claim_id": claim_id(&a)},
+                {"parent_id": "P-read", "sequence": 2, "outcome": "failed", "reason": "bad input", "claim_id": claim_id(&a)},
+            ]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let expected = [
+        "processed",
+        "processed",
+        "failed",
+        "in_flight",
+        "in_flight",
+        "in_flight",
+    ];
+
+    let r = app.get("/v1/parents/P-read/children").await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let states: Vec<&str> = r.body["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["state"].as_str().expect("state"))
+        .collect();
+    assert_eq!(states, expected, "{r:?}");
+    for (state, want) in [
+        ("processed", vec![0, 1]),
+        ("failed", vec![2]),
+        ("in_flight", vec![3, 4, 5]),
+    ] {
+        let r = app.get(&format!("/v1/parents/P-read/children?state={state}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        let got: Vec<u64> = r.body["children"]
+            .as_array()
+            .expect("children")
+            .iter()
+            .map(|c| c["sequence"].as_u64().expect("sequence"))
+            .collect();
+        assert_eq!(got, want, "{state}: {r:?}");
+    }
+
+    let export = |query: &'static str| {
+        let app = &app;
+        async move {
+            let resp = app
+                .client
+                .get(format!("{}/v1/parents/P-read/results{query}", app.base))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let text = resp.text().await.unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<Value>>()
+        }
+    };
+    let lines = export("").await;
+    let states: Vec<&str> = lines.iter().map(|l| l["state"].as_str().expect("state")).collect();
+    assert_eq!(states, expected, "{lines:?}");
+    assert_eq!(lines[0]["attempt"], 1, "{lines:?}");
+    timestamp(&lines[0]["finished_at"]);
+    assert_eq!(lines[1]["result"], json!({"ok": 1}), "{lines:?}");
+    assert_eq!(lines[2]["reason"], "bad input", "{lines:?}");
+    assert!(lines[3]["finished_at"].is_null(), "{lines:?}");
+    let processed = export("?state=processed").await;
+    assert_eq!(
+        processed
+            .iter()
+            .map(|l| l["sequence"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [0, 1],
+        "{processed:?}"
+    );
+
+    let r = app.get("/v1/parents/P-read/summary").await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(
+        r.body["counts"],
+        json!({"total": 6, "processed": 2, "failed": 1, "skipped": 0, "pending": 0, "in_flight": 3, "held": 0}),
+        "{r:?}"
+    );
+    assert_eq!(r.body["reasons"][0]["reason"], "bad input", "{r:?}");
+    assert_eq!(r.body["reasons"][0]["count"], 1, "{r:?}");
+}
+
 both_stores!(
     lease_expiry_hands_child_out_again,
     extend_keeps_the_lease,
@@ -586,4 +684,5 @@ both_stores!(
     lower_child_pending_again_comes_first,
     a_lease_recorded_in_part,
     a_held_lease_recorded_in_part,
+    a_lease_recorded_in_part_reads_alike_everywhere,
 );
