@@ -515,7 +515,7 @@ async fn caps_hold_across_replicas() {
     let keys: BTreeSet<&String> = worst.keys().collect();
     assert!(keys.len() >= 3, "several keys were in flight at once: {worst:?}");
     let open = app
-        .count("SELECT count(*) FROM child WHERE parent_id LIKE 'K%' AND state = 'pending'")
+        .count("SELECT count(*) FROM child_status WHERE parent_id LIKE 'K%' AND state = 'pending'")
         .await;
     assert_eq!(open, 0, "every child was claimed and recorded");
 }

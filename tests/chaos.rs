@@ -722,7 +722,7 @@ fn bump_by(counter: &AtomicU64, n: u64) {
 
 async fn terminal_count(store: &common::raw::RawDb) -> i64 {
     store
-        .count_raw("SELECT count(*) FROM child WHERE state IN ('processed', 'failed')")
+        .count_raw("SELECT count(*) FROM child_status WHERE state IN ('processed', 'failed')")
         .await
         .unwrap_or(0)
 }
@@ -976,7 +976,7 @@ async fn run_chaos(backend: Backend, bouncer: Option<&common::pgbouncer::PgBounc
     // ---- The ledger, read back.
     let mut failures: Vec<String> = Vec::new();
     let non_terminal = store
-        .count_raw("SELECT count(*) FROM child WHERE state NOT IN ('processed', 'failed', 'skipped')")
+        .count_raw("SELECT count(*) FROM child_status WHERE state NOT IN ('processed', 'failed', 'skipped')")
         .await
         .unwrap();
     if non_terminal != 0 {

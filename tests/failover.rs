@@ -310,7 +310,7 @@ async fn burn_down_through_a_failover(synchronous: bool) -> Option<Report> {
     // What the new primary holds.
     let mut new_primary = standby.connect("ledger").await;
     let terminal: HashMap<(String, i64), String> = sqlx::query_as::<_, (String, i64, String)>(
-        "SELECT parent_id, sequence, state FROM child WHERE state IN ('processed', 'failed')",
+        "SELECT parent_id, sequence, state FROM child_status WHERE state IN ('processed', 'failed')",
     )
     .fetch_all(&mut new_primary)
     .await

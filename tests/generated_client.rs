@@ -85,8 +85,9 @@ async fn seed_story_through_the_generated_client(backend: Backend) {
     );
 
     // The rows agree with what the client was told.
-    let rows =
-        |state: &str| format!("SELECT count(*) FROM child WHERE parent_id = 'seed-story-1' AND state = '{state}'");
+    let rows = |state: &str| {
+        format!("SELECT count(*) FROM child_status WHERE parent_id = 'seed-story-1' AND state = '{state}'")
+    };
     assert_eq!(app.count(&rows("processed")).await, 3);
     assert_eq!(app.count(&rows("failed")).await, 1);
     assert_eq!(app.count(&rows("skipped")).await, 1);

@@ -113,7 +113,11 @@ async fn example_workers_share_a_queue(backend: Backend) {
         .map(|e| worker(e, &app.base, &worker_token, &effects, &slow))
         .collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while app.count("SELECT count(*) FROM child WHERE state = 'processed'").await < total / 5 {
+    while app
+        .count("SELECT count(*) FROM child_status WHERE state = 'processed'")
+        .await
+        < total / 5
+    {
         assert!(tokio::time::Instant::now() < deadline, "the workers made no progress");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -161,7 +165,8 @@ async fn example_workers_share_a_queue(backend: Backend) {
 
     // The ledger: every child processed once, nothing in conflict.
     assert_eq!(
-        app.count("SELECT count(*) FROM child WHERE state = 'processed'").await,
+        app.count("SELECT count(*) FROM child_status WHERE state = 'processed'")
+            .await,
         total
     );
     assert_eq!(

@@ -34,7 +34,7 @@ pub struct ChildPage {
 static CHILD_BY_KEY: Sql = Sql::new(|d| {
     format!(
         "SELECT {} FROM {} WHERE c.parent_id = $1 AND c.sequence = $2",
-        sql::CHILD_COLUMNS,
+        sql::child_columns(d),
         sql::child_view(d)
     )
 });
@@ -47,12 +47,11 @@ static CHILD_BY_KEY: Sql = Sql::new(|d| {
 static CHILDREN: Sql = Sql::new(|d| {
     format!(
         "SELECT {} FROM {} \
-         WHERE c.parent_id = $1 \
-           AND ($2 IS NULL OR (CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END) = $2) \
-           AND c.sequence > $3 \
+         WHERE c.parent_id = $1 AND ($2 IS NULL OR ({}) = $2) AND c.sequence > $3 \
          ORDER BY c.sequence LIMIT $4",
-        sql::CHILD_COLUMNS,
-        sql::child_view(d)
+        sql::child_columns(d),
+        sql::child_view(d),
+        sql::view_state(d)
     )
 });
 

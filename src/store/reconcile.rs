@@ -1,8 +1,6 @@
 //! Reconcile: compare a parent's stored projection with its rows, show the
 //! difference and repair it. When they disagree, the rows win.
 
-use std::sync::LazyLock;
-
 use super::backend::{DriftQuery, Transaction};
 use super::parents::close_skipping;
 use super::reconcile_jobs::{JobMark, record_drift};
@@ -42,11 +40,12 @@ static LANE_OPEN: Sql = Sql::new(|d| {
 /// A parent's in-flight and held children, counted over its rows (an
 /// in-flight child's row is pending, below its lane's floor: the lane is
 /// locked, so the floor holds still).
-static OPEN_TALLY: LazyLock<String> = LazyLock::new(|| {
+static OPEN_TALLY: Sql = Sql::new(|d| {
     format!(
-        "SELECT count(*) FILTER (WHERE {}) AS in_flight, count(*) FILTER (WHERE c.state = 'held') AS held \
+        "SELECT count(*) FILTER (WHERE c.state = 'pending' AND {}) AS in_flight, \
+             count(*) FILTER (WHERE c.state = 'held') AS held \
          FROM child c LEFT JOIN lane ln ON ln.parent_id = c.parent_id WHERE c.parent_id = $1",
-        sql::leased("ln.floor", "ln.parent_id IS NOT NULL")
+        sql::in_flight_with(d, &sql::leased("ln.floor", "ln.parent_id IS NOT NULL"))
     )
 });
 
@@ -281,7 +280,7 @@ async fn lock_projection(
 /// A parent's in-flight and held children, counted.
 async fn open_tally(tx: &mut dyn Transaction, parent_id: &ParentId) -> StoreResult<Open> {
     let rows = tx
-        .fetch(Statement::new(OPEN_TALLY.as_str()).text(parent_id.as_str()))
+        .fetch(Statement::new(OPEN_TALLY.of(tx.dialect())).text(parent_id.as_str()))
         .await?;
     let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
     Ok(Open {

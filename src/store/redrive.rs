@@ -4,7 +4,7 @@
 //! held children.
 
 use super::statement::{Dialect, Sql, Statement};
-use super::{Store, StoreError, StoreResult};
+use super::{Store, StoreError, StoreResult, sql};
 use crate::ledger::redrive::Redrive;
 use crate::ledger::{Changes, Outcome, Parent, ParentId, Work};
 
@@ -13,9 +13,10 @@ use crate::ledger::{Changes, Outcome, Parent, ParentId, Work};
 fn selected(d: &Dialect) -> String {
     format!(
         "c.parent_id = $2 \
-         AND (($3 AND c.state = 'processed') OR ($4 AND c.state = 'failed') OR ($5 AND c.state = 'skipped')) \
-         AND ($6 IS NULL OR c.reason IN ({}))",
-        (d.json_texts)("$6")
+         AND (($3 AND ({state}) = 'processed') OR ($4 AND c.state = 'failed') OR ($5 AND c.state = 'skipped')) \
+         AND ($6 IS NULL OR c.reason IN ({texts}))",
+        state = sql::row_state(d),
+        texts = (d.json_texts)("$6")
     )
 }
 

@@ -123,11 +123,16 @@ const SEAL_EXTRA: &str =
     "SELECT sequence FROM child WHERE parent_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3";
 
 /// The projection derived from a parent's rows.
-pub(super) const TERMINAL_TALLY: &str = "SELECT count(*) AS total, \
-    count(*) FILTER (WHERE state = 'processed') AS processed, \
-    count(*) FILTER (WHERE state = 'failed') AS failed, \
-    count(*) FILTER (WHERE state = 'skipped') AS skipped \
-    FROM child WHERE parent_id = $1";
+pub(super) static TERMINAL_TALLY: Sql = Sql::new(|d| {
+    format!(
+        "SELECT count(*) AS total, \
+             count(*) FILTER (WHERE c.state = 'processed' OR (c.state = 'pending' AND {})) AS processed, \
+             count(*) FILTER (WHERE c.state = 'failed') AS failed, \
+             count(*) FILTER (WHERE c.state = 'skipped') AS skipped \
+         FROM child c LEFT JOIN lane ln ON ln.parent_id = c.parent_id WHERE c.parent_id = $1",
+        sql::quiet_with(d, &sql::leased("ln.floor", "ln.parent_id IS NOT NULL"))
+    )
+});
 
 const PARENT_FINGERPRINT: &str = "SELECT fingerprint FROM parent WHERE parent_id = $1";
 
@@ -441,7 +446,7 @@ async fn seal_report(
 /// The projection derived from a parent's rows.
 pub(super) async fn tally(tx: &mut dyn Transaction, parent_id: &ParentId) -> StoreResult<Tally> {
     let rows = tx
-        .fetch(Statement::new(TERMINAL_TALLY).text(parent_id.as_str()))
+        .fetch(Statement::new(TERMINAL_TALLY.of(tx.dialect())).text(parent_id.as_str()))
         .await?;
     let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
     Ok(Tally {

@@ -18,14 +18,15 @@ use crate::ledger::{ChildState, ParentId};
 /// range at it, and each chunk would scan the parent from its first child.
 static RESULTS: Sql = Sql::new(|d| {
     format!(
-        "SELECT c.sequence, c.key, CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END AS state, \
-             c.outcome_attempt, c.result, c.reason, c.terminal_at \
-         FROM {} \
-         WHERE c.parent_id = $1 \
-           AND ($2 IS NULL OR (CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END) = $2) \
-           AND c.sequence > $3 \
+        "SELECT c.sequence, c.key, {state} AS state, {attempt} AS outcome_attempt, c.result, c.reason, \
+             {terminal} AS terminal_at \
+         FROM {view} \
+         WHERE c.parent_id = $1 AND ($2 IS NULL OR ({state}) = $2) AND c.sequence > $3 \
          ORDER BY c.sequence LIMIT $4",
-        sql::child_view(d)
+        state = sql::view_state(d),
+        attempt = sql::view_outcome_attempt(d),
+        terminal = sql::view_terminal_at(d),
+        view = sql::child_view(d)
     )
 });
 

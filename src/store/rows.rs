@@ -148,7 +148,7 @@ fn null_json() -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string("null".to_owned()).expect("null is JSON")
 }
 
-/// A child row (`sql::CHILD_COLUMNS`).
+/// A child row (`sql::child_columns`).
 pub(crate) fn child(row: &(impl LedgerRow + ?Sized)) -> Result<Child, sqlx::Error> {
     let parent_id = row.text("parent_id")?;
     let sequence = row.int("sequence")?;

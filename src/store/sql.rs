@@ -127,19 +127,125 @@ pub(crate) fn credited_attempt(claim: &str, v: &ClaimView) -> String {
     )
 }
 
-/// A child's columns as `Child` reads them, from `CHILD_VIEW`: the row, and
-/// the lease `h` that holds it while it is in flight.
-pub(crate) const CHILD_COLUMNS: &str = "c.parent_id, c.sequence, c.key, \
-    CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END AS state, c.payload, \
-    c.attempts + CASE WHEN h.claim_id IS NULL THEN 0 ELSE 1 END AS attempts, \
-    coalesce(h.claim_id, c.claim_id) AS claim_id, \
-    CASE WHEN h.claim_id IS NULL THEN c.claimed_by ELSE h.worker END AS claimed_by, \
-    CASE WHEN h.claim_id IS NULL THEN c.lease_expires_at ELSE h.expires_at END AS lease_expires_at, \
-    c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, c.outcome_attempt, c.terminal_at, \
-    CASE WHEN h.claim_id IS NULL THEN c.changed_at ELSE h.claimed_at END AS changed_at, \
-    c.conflicts, c.conflict_count, c.redrive_of_parent, c.redrive_of_sequence";
+/// Whether child row `c` of `child_view` was recorded processed without
+/// being rewritten (migration 0023 on Postgres): it looks in flight (pending,
+/// not given back, below its lane's floor) but no lease holds it, as the
+/// outcome that recorded it took it out of its lease. Its outcome batch
+/// says the rest (`Dialect::quiet_batch`).
+pub(crate) fn quiet_in_view(d: &Dialect) -> String {
+    if d.quiet_outcomes {
+        format!(
+            "(h.claim_id IS NULL AND {})",
+            leased("ln.floor", "ln.parent_id IS NOT NULL")
+        )
+    } else {
+        "false".to_owned()
+    }
+}
 
-/// The tables `CHILD_COLUMNS` reads, in dialect `d`: `child c`, its lane
+/// `quiet_in_view` for a child row `c` that looks in flight when `leased`
+/// holds (`sql::leased` over its lane), the leases that might hold it
+/// looked up.
+pub(crate) fn quiet_with(d: &Dialect, leased: &str) -> String {
+    if d.quiet_outcomes {
+        format!("({leased} AND NOT {})", lease_holds_row(d))
+    } else {
+        "false".to_owned()
+    }
+}
+
+/// Whether child row `c`, which looks in flight when `leased` holds, is in
+/// flight: where an outcome may record a child without rewriting its row,
+/// a lease must hold it too.
+pub(crate) fn in_flight_with(d: &Dialect, leased: &str) -> String {
+    if d.quiet_outcomes {
+        format!("({leased} AND {})", lease_holds_row(d))
+    } else {
+        leased.to_owned()
+    }
+}
+
+/// `quiet_with` for a child row `c` read alone, its lane looked up.
+pub(crate) fn quiet_row(d: &Dialect) -> String {
+    quiet_with(d, &leased_row())
+}
+
+/// `leased` for a child row `c` read alone.
+fn leased_row() -> String {
+    leased(
+        "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
+        "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
+    )
+}
+
+/// Whether a lease of child row `c`'s parent lists it.
+fn lease_holds_row(d: &Dialect) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM claim_lease l WHERE l.parent_id = c.parent_id \
+            AND l.lo <= c.sequence AND l.hi >= c.sequence AND {})",
+        (d.lease_holds)("l", "c.sequence")
+    )
+}
+
+/// A child row `c`'s state as readers see it, the row read alone (an
+/// in-flight child shows its row's `pending`: see `in_flight_row`).
+pub(crate) fn row_state(d: &Dialect) -> String {
+    format!("CASE WHEN {} THEN 'processed' ELSE c.state END", quiet_row(d))
+}
+
+/// A child's state as readers see it, in `child_view`.
+pub(crate) fn view_state(d: &Dialect) -> String {
+    format!(
+        "CASE WHEN h.claim_id IS NOT NULL THEN 'in_flight' WHEN {} THEN 'processed' ELSE c.state END",
+        quiet_in_view(d)
+    )
+}
+
+/// The attempt a child's outcome is credited to, as readers see it, in `child_view`.
+pub(crate) fn view_outcome_attempt(d: &Dialect) -> String {
+    format!(
+        "CASE WHEN {} THEN c.attempts + 1 ELSE c.outcome_attempt END",
+        quiet_in_view(d)
+    )
+}
+
+/// When a child became terminal, as readers see it, in `child_view`.
+pub(crate) fn view_terminal_at(d: &Dialect) -> String {
+    format!(
+        "CASE WHEN {} THEN {} ELSE c.terminal_at END",
+        quiet_in_view(d),
+        (d.quiet_batch)("changed_at")
+    )
+}
+
+/// A child's columns as `Child` reads them, from `child_view`: the row, the
+/// lease `h` that holds it while it is in flight, and the outcome batch of
+/// a child recorded without its row rewritten (`quiet_in_view`).
+pub(crate) fn child_columns(d: &Dialect) -> String {
+    let quiet = quiet_in_view(d);
+    format!(
+        "c.parent_id, c.sequence, c.key, {state} AS state, c.payload, \
+         c.attempts + CASE WHEN h.claim_id IS NOT NULL OR {quiet} THEN 1 ELSE 0 END AS attempts, \
+         CASE WHEN h.claim_id IS NOT NULL THEN h.claim_id WHEN {quiet} THEN {claim} ELSE c.claim_id END AS claim_id, \
+         CASE WHEN h.claim_id IS NOT NULL THEN h.worker WHEN {quiet} THEN {worker} ELSE c.claimed_by END \
+             AS claimed_by, \
+         CASE WHEN h.claim_id IS NOT NULL THEN h.expires_at WHEN {quiet} THEN {expires} ELSE c.lease_expires_at END \
+             AS lease_expires_at, \
+         c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, {attempt} AS outcome_attempt, \
+         {terminal} AS terminal_at, \
+         CASE WHEN h.claim_id IS NOT NULL THEN h.claimed_at WHEN {quiet} THEN {at} ELSE c.changed_at END AS changed_at, \
+         c.conflicts, c.conflict_count, c.redrive_of_parent, c.redrive_of_sequence",
+        state = view_state(d),
+        claim = (d.quiet_batch)("claim_id"),
+        worker = (d.quiet_batch)("worker"),
+        expires = (d.quiet_batch)("expires_at"),
+        attempt = view_outcome_attempt(d),
+        terminal = view_terminal_at(d),
+        at = (d.quiet_batch)("changed_at"),
+    )
+}
+
+/// The tables `child_columns` reads, in dialect `d`: `child c`, its lane
 /// `ln`, and its live lease `h` (none unless it is in flight), found by the
 /// lease's range and then its list.
 pub(crate) fn child_view(d: &Dialect) -> String {
@@ -169,7 +275,9 @@ pub(crate) fn conflict_view(d: &Dialect) -> ClaimView {
         "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
         "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
     );
-    ClaimView::of(&leased, &holder(d, "claim_id"))
+    // A child recorded without its row rewritten has no lease: its batch names its claim.
+    let claim = format!("coalesce({}, {})", holder(d, "claim_id"), (d.quiet_batch)("claim_id"));
+    ClaimView::of(&leased, &claim)
 }
 
 /// A parent's open counts (`open_pending`, `open_in_flight`, `open_held`)
@@ -237,13 +345,22 @@ pub(crate) fn retry_held(now: &str) -> String {
 /// missing) as readers see it, and whether the write passes the fence.
 /// `input` is the dialect's table of `(i, parent_id, sequence, claim_id)`.
 pub(crate) fn loser_facts(d: &Dialect, input: &str) -> String {
-    let view = ClaimView::of("h.claim_id IS NOT NULL", "h.claim_id");
+    // A child recorded without its row rewritten is seen as its claim left it.
+    let quiet = quiet_in_view(d);
+    let view = ClaimView::of(
+        &format!("(h.claim_id IS NOT NULL OR {quiet})"),
+        &format!(
+            "CASE WHEN h.claim_id IS NOT NULL THEN h.claim_id ELSE {} END",
+            (d.quiet_batch)("claim_id")
+        ),
+    );
     format!(
         "SELECT u.i, p.decomposed_at IS NOT NULL, \
-             CASE WHEN h.claim_id IS NULL THEN c.state ELSE 'in_flight' END, {fence} FROM {input} \
+             {state}, {fence} FROM {input} \
          LEFT JOIN parent p ON p.parent_id = u.parent_id \
          LEFT JOIN ({from}) ON c.parent_id = u.parent_id AND c.sequence = u.sequence",
         fence = fence_admits("u.claim_id", &view),
+        state = view_state(d),
         from = child_view(d)
     )
 }

@@ -37,11 +37,13 @@ impl PgStore {
 /// holds): each comes back through `available_at`, now or after `$5`
 /// seconds, with the attempt counted as released; the lease lets go of them
 /// (and goes when nothing is left in it), and the lane counts them and
-/// learns the earliest due. Its lane is locked.
+/// learns the earliest due. Its lane is locked, and then its lease, as
+/// every writer of a leased child locks it (see `APPLY_OUTCOMES`).
 static RELEASE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH lease AS ( \
-         SELECT {listed} AS sequences, worker FROM claim_lease l WHERE claim_id = $4 AND parent_id = $3), \
+         SELECT {listed} AS sequences, worker FROM claim_lease l WHERE claim_id = $4 AND parent_id = $3 \
+         FOR NO KEY UPDATE), \
      released AS ( \
          UPDATE child c SET \
              available_at = now() + make_interval(secs => CASE WHEN $5 > 0 THEN $5 \
@@ -251,14 +253,17 @@ const CROSSED: i64 = -1;
 /// exhausted (and count, by reason too), stay held for `hold` parents, and
 /// otherwise come back through `available_at`; all remember the attempt
 /// expired, and which claim made it. Then the leases go, and the lane counts
-/// what ended. The children are written before the leases and the parent
-/// after them: the order an outcome takes them in.
+/// what ended. The leases are locked first, as every writer of a leased
+/// child locks them (see `APPLY_OUTCOMES`): one that an outcome changed
+/// meanwhile is read as it is now. The children are written after the
+/// leases and before the parent: the order an outcome takes them in.
 static EXPIRE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
     let exhausted = "p.max_attempts IS NOT NULL AND c.attempts + 1 >= p.max_attempts";
     format!(
         "WITH gone AS ( \
              SELECT l.claim_id, {listed} AS sequences, l.worker, l.expires_at FROM claim_lease l \
-             WHERE l.parent_id = $2 AND l.claim_id = ANY ($1::uuid[]) AND l.expires_at <= now()), \
+             WHERE l.parent_id = $2 AND l.claim_id = ANY ($1::uuid[]) AND l.expires_at <= now() \
+             ORDER BY l.claim_id FOR NO KEY UPDATE), \
          moved AS ( \
              UPDATE child c SET \
                  state = CASE WHEN {exhausted} THEN 'failed' WHEN p.expired_lease = 'hold' THEN 'held' \

@@ -53,6 +53,14 @@ static POSTGRES: Dialect = Dialect {
     json_length: |column| format!("jsonb_array_length({column})"),
     lease_sequences: |l| format!("unnest({}) AS ls(value)", listed(l)),
     lease_holds: |l, sequence| format!("({l}.sequences IS NULL OR {sequence} = ANY ({l}.sequences))"),
+    quiet_outcomes: true,
+    quiet_batch: |column| {
+        format!(
+            "(SELECT q.{column} FROM processed_batch q WHERE q.parent_id = c.parent_id AND q.claim_id IS NOT NULL \
+                AND q.hi >= c.sequence AND q.lo <= c.sequence \
+                AND (q.sequences IS NULL OR c.sequence = ANY (q.sequences)) ORDER BY q.hi LIMIT 1)"
+        )
+    },
     json_pairs: |p| format!("SELECT (e->>0)::bigint AS n, e->>1 AS t FROM json_array_elements({p}::json) AS e"),
     json_texts: |p| format!("SELECT json_array_elements_text({p}::json)"),
     indexed_by: |_| String::new(),

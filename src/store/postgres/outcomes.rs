@@ -58,63 +58,72 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Child transitions of one parent (`$7`) and its counters in one
-/// statement. The guarded UPDATE only touches non-terminal rows of a
-/// decomposed parent, so what it returns is exactly the set of writes that
-/// won. The parent comes in as an array too (the same id for every write)
-/// joined on both key columns: a constant `parent_id` would let a planner
-/// whose statistics predate the parent walk every child of it instead of
-/// looking each one up.
+/// statement. Only non-terminal rows of a decomposed parent are written, so
+/// what it returns is exactly the set of writes that won. The parent comes
+/// in as an array too (the same id for every write) joined on both key
+/// columns: a constant `parent_id` would let a planner whose statistics
+/// predate the parent walk every child of it instead of looking each one up.
 ///
-/// A child is in flight when its lane's floor has passed it (migration
-/// 0014); the write's own claim's lease (`held`: the batch's claims' lease
-/// rows of this parent, read and unpacked once) says which lease holds it,
-/// by its range alone when the lease holds every sequence in it (a claim
-/// from the floor up usually does), and only a write for a child leased by
-/// another claim, or by none it names, looks the lease up. A write past the
-/// floor (`racing`) is the only one that reads its child twice. The outcome
-/// ends the attempt on the row (as a lease end does) and takes the child
-/// out of its lease, which goes once it holds nothing. The children it
-/// makes processed are named in one `processed_batch` row (migration 0020),
-/// where the children search finds them; those it makes failed or skipped
-/// count by reason (`reasons`).
+/// A child is in flight when its lane's floor has passed it and a lease
+/// lists it (migration 0014). The leases that might list a written child
+/// (`held`: those of the parent whose range meets the writes') are locked
+/// first: a lease is what every writer of its children (outcomes, expiry,
+/// release, cancellation) serializes on, and a lease that changed while the
+/// statement waited for it is read as it is now. `seen` is each write with
+/// its child and the lease that lists it, read once.
+///
+/// A processed outcome from the claim whose lease holds the child, without
+/// a reason or a result, does not rewrite the row (`quiet`, migration
+/// 0023): it takes the child out of its lease and names it in an outcome
+/// batch with that claim, its worker and the lease's expiry. Its row stays
+/// pending below the floor with no lease listing it, which readers show as
+/// processed (`sql::child_view`) and writers leave alone. Every other write
+/// ends the attempt on the row, as before. A write for a child that looks
+/// in flight but no lease lists may be one recorded so, or one whose lease
+/// ran out or was let go after this statement began: unless the caller
+/// holds the lane's lock (`$8`), the statement then writes nothing and says
+/// so (`unheld`), and runs again under the lock, in a snapshot that sees
+/// what the expiry or the release did (under it, such a child is recorded,
+/// and the write loses).
 ///
 /// The floor moves up only under the lane's lock, so a floor read from this
 /// statement's snapshot is right for every child below it: those a claim
 /// had leased before this statement began. A write for a child at or past
 /// it might race a claim that is leasing it now; unless the caller holds the
-/// lane's lock (`$8`), the statement then writes nothing and says so with a
-/// row of NULLs, and is run again under the lock (which also moves the floor
-/// past the children it made terminal). A parent with a tolerance is
-/// written only in a transaction (`$9`): the outcome that crosses it ends the
-/// parent before the commit (`apply_by_parent`: every open child skipped
-/// under the lane's lock, so no claim takes one after it commits). Out of
-/// one, the statement writes nothing for it and says so with
-/// `(NULL, TOLERANT)`. A crossed parent comes back as `(parent, CROSSED)`.
+/// lane's lock, the statement then writes nothing and says so with a row of
+/// NULLs, and is run again under the lock (which also moves the floor past
+/// the children it made terminal). A parent with a tolerance is written only
+/// in a transaction (`$9`): the outcome that crosses it ends the parent
+/// before the commit (`apply_by_parent`: every open child skipped under the
+/// lane's lock, so no claim takes one after it commits). Out of one, the
+/// statement writes nothing for it and says so with `(NULL, TOLERANT)`. A
+/// crossed parent comes back as `(parent, CROSSED)`. The children it makes
+/// processed are named in `processed_batch` rows (migration 0020), where the
+/// children search finds them; those it makes failed or skipped count by
+/// reason (`reasons`).
 pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM ln)", "EXISTS (SELECT 1 FROM ln)");
-    let holder = format!(
-        "CASE WHEN h.claim_id IS NOT NULL THEN h.claim_id ELSE {} END",
-        sql::holder(&super::POSTGRES, "claim_id")
-    );
-    let worker = format!(
-        "CASE WHEN h.claim_id IS NOT NULL THEN h.worker ELSE {} END",
-        sql::holder(&super::POSTGRES, "worker")
-    );
-    let expires = format!(
-        "CASE WHEN h.claim_id IS NOT NULL THEN h.expires_at ELSE {} END",
-        sql::holder(&super::POSTGRES, "expires_at")
-    );
     let view = sql::ClaimView::of(&leased, "h.claim_id");
+    let written = sql::ClaimView::of("k.leased", "k.h_claim");
     format!(
         "WITH input AS ( \
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::uuid[]) \
-                 AS u(parent_id, sequence, outcome, reason, result, claim_id)), \
+                 WITH ORDINALITY AS u(parent_id, sequence, outcome, reason, result, claim_id, i)), \
          ln AS (SELECT floor FROM lane WHERE parent_id = $7), \
          held AS MATERIALIZED ( \
              SELECT l.claim_id, l.worker, l.expires_at, l.lo, l.hi, s.sequences, \
                  l.sequences IS NULL OR cardinality(s.sequences) = l.hi - l.lo + 1 AS dense \
              FROM claim_lease l, LATERAL (SELECT coalesce(l.sequences, '{{}}'::bigint[]) AS sequences) s \
-             WHERE l.parent_id = $7 AND l.claim_id = ANY ($6::uuid[])), \
+             WHERE l.parent_id = $7 AND l.lo <= (SELECT max(sequence) FROM input) \
+               AND l.hi >= (SELECT min(sequence) FROM input) \
+             ORDER BY l.claim_id FOR NO KEY UPDATE OF l), \
+         seen AS MATERIALIZED ( \
+             SELECT DISTINCT ON (u.sequence) u.parent_id, u.sequence, u.outcome, u.reason, u.result, u.claim_id, \
+                 c.state, {leased} AS leased, h.claim_id AS h_claim, h.worker AS h_worker, \
+                 h.expires_at AS h_expires, {fenced} AS admitted \
+             FROM input u JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence \
+                 LEFT JOIN held h ON u.sequence BETWEEN h.lo AND h.hi AND (h.dense OR u.sequence = ANY (h.sequences)) \
+             ORDER BY u.sequence, u.i), \
          tolerant AS ( \
              SELECT 1 FROM parent WHERE NOT $9 AND parent_id = $7 \
                AND (tolerated_count IS NOT NULL OR tolerated_percent IS NOT NULL)), \
@@ -124,29 +133,44 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  SELECT 1 FROM child c WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
                    AND c.state = 'pending' AND c.available_at IS NULL) \
              LIMIT 1), \
-         applied AS ( \
-             UPDATE child c SET state = u.outcome, reason = u.reason, result = u.result::json, \
+         unheld AS (SELECT 1 FROM seen WHERE NOT $8 AND leased AND h_claim IS NULL LIMIT 1), \
+         cand AS MATERIALIZED ( \
+             SELECT k.*, (k.leased AND k.h_claim IS NOT NULL AND k.outcome = 'processed' AND k.reason IS NULL \
+                 AND k.result IS NULL AND k.claim_id = k.h_claim) IS TRUE AS quiet \
+             FROM seen k JOIN parent p ON p.parent_id = k.parent_id AND p.decomposed_at IS NOT NULL \
+             WHERE k.state IN ('pending', 'held') AND NOT (k.leased AND k.h_claim IS NULL) AND k.admitted \
+               AND NOT EXISTS (SELECT 1 FROM racing) AND NOT EXISTS (SELECT 1 FROM unheld) \
+               AND NOT EXISTS (SELECT 1 FROM tolerant)), \
+         rewritten AS ( \
+             UPDATE child c SET state = k.outcome, reason = k.reason, result = k.result::json, \
                  terminal_at = now(), changed_at = now(), \
-                 settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
+                 settled_from = CASE WHEN k.leased THEN 'in_flight' ELSE c.state END, \
                  outcome_attempt = {credited}, \
                  attempts = {attempts}, \
                  previous_claim_id = {previous}, \
-                 claim_id = CASE WHEN {leased} THEN {holder} ELSE c.claim_id END, \
-                 claimed_by = CASE WHEN {leased} THEN {worker} ELSE c.claimed_by END, \
-                 lease_expires_at = CASE WHEN {leased} THEN {expires} ELSE c.lease_expires_at END, \
+                 claim_id = CASE WHEN k.leased THEN k.h_claim ELSE c.claim_id END, \
+                 claimed_by = CASE WHEN k.leased THEN k.h_worker ELSE c.claimed_by END, \
+                 lease_expires_at = CASE WHEN k.leased THEN k.h_expires ELSE c.lease_expires_at END, \
                  available_at = NULL \
-             FROM input u JOIN parent p ON p.parent_id = u.parent_id AND p.decomposed_at IS NOT NULL \
-                 LEFT JOIN held h ON h.claim_id = u.claim_id AND u.sequence BETWEEN h.lo AND h.hi \
-                     AND (h.dense OR u.sequence = ANY (h.sequences)) \
-             WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
-               AND c.state IN ('pending', 'held') AND {fenced} AND NOT EXISTS (SELECT 1 FROM racing) \
-               AND NOT EXISTS (SELECT 1 FROM tolerant) \
+             FROM cand k \
+             WHERE NOT k.quiet AND c.parent_id = k.parent_id AND c.sequence = k.sequence \
+               AND c.state IN ('pending', 'held') \
              RETURNING c.parent_id, c.sequence, c.state, c.settled_from, c.claim_id, c.reason), \
+         applied AS ( \
+             SELECT parent_id, sequence, state, settled_from, claim_id, reason, false AS quiet, \
+                 NULL::text AS worker, NULL::timestamptz AS expires_at FROM rewritten \
+             UNION ALL \
+             SELECT parent_id, sequence, 'processed', 'in_flight', h_claim, NULL, true, h_worker, h_expires \
+             FROM cand WHERE quiet), \
          {reasons}, \
          counted AS ( \
-             SELECT claim_id, count(*) AS n FROM applied WHERE settled_from = 'in_flight' GROUP BY claim_id), \
+             SELECT claim_id, count(*) AS n, array_agg(sequence) FILTER (WHERE quiet) AS quiet \
+             FROM applied WHERE settled_from = 'in_flight' GROUP BY claim_id), \
          kept AS ( \
-             UPDATE claim_lease l SET open = l.open - k.n FROM counted k \
+             UPDATE claim_lease l SET open = l.open - k.n, \
+                 sequences = CASE WHEN k.quiet IS NULL THEN l.sequences \
+                     ELSE ARRAY(SELECT s FROM unnest({listed}) s WHERE s <> ALL (k.quiet)) END \
+             FROM counted k \
              WHERE l.claim_id = k.claim_id AND l.parent_id = $7 AND l.open > k.n), \
          closed AS ( \
              DELETE FROM claim_lease l USING counted k \
@@ -158,11 +182,13 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                    AND c.available_at IS NULL AND c.sequence NOT IN (SELECT sequence FROM applied)) \
              WHERE $8 AND parent_id = $7 AND floor IS NOT NULL), \
          logged AS ( \
-             INSERT INTO processed_batch (parent_id, changed_at, lo, hi, sequences) \
+             INSERT INTO processed_batch (parent_id, changed_at, lo, hi, sequences, claim_id, worker, expires_at) \
              SELECT $7, now(), min(sequence), max(sequence), \
                  CASE WHEN count(*) = max(sequence) - min(sequence) + 1 THEN NULL \
-                      ELSE array_agg(sequence ORDER BY sequence) END \
-             FROM applied WHERE state = 'processed' HAVING count(*) > 0), \
+                      ELSE array_agg(sequence ORDER BY sequence) END, \
+                 b.claim_id, max(worker), max(expires_at) \
+             FROM applied, LATERAL (SELECT CASE WHEN quiet THEN claim_id END AS claim_id) b \
+             WHERE state = 'processed' GROUP BY b.claim_id), \
          deltas AS ( \
              SELECT parent_id, count(*) FILTER (WHERE state = 'processed') AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \
@@ -175,11 +201,13 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
          UNION ALL SELECT parent_id, NULL FROM bumped WHERE completed \
          UNION ALL SELECT parent_id, {CROSSED} FROM bumped WHERE crossed \
          UNION ALL SELECT NULL, NULL FROM racing \
+         UNION ALL SELECT NULL, NULL FROM unheld \
          UNION ALL SELECT NULL, {TOLERANT} FROM tolerant",
-        credited = sql::credited_attempt("u.claim_id", &view),
         fenced = sql::fence_admits("u.claim_id", &view),
-        attempts = view.attempts,
-        previous = view.previous_claim_id,
+        credited = sql::credited_attempt("k.claim_id", &written),
+        attempts = written.attempts,
+        previous = written.previous_claim_id,
+        listed = super::listed("l"),
         bump = BUMP_PARENTS.as_str(),
         reasons = super::count_reasons("applied")
     )

@@ -114,19 +114,28 @@ impl ChildWrites for PgTx {
 
 /// Skips every open child of parent `$1` with reason `$2`, its lane locked
 /// first (the lock's row is the lane as it is now: its floor says which
-/// children are in flight), ending the attempts of those in flight as an
-/// outcome does; then its leases go. Counts them (by reason too), and those
-/// that were in flight or held.
+/// children are in flight), then its leases (`leases`: as every writer of a
+/// leased child locks them, see `APPLY_OUTCOMES`), ending the attempts of
+/// those in flight as an outcome does; then its leases go. A child that
+/// looks in flight but no lease lists was recorded processed without its
+/// row rewritten, and stays so. Counts them (by reason too), and those that
+/// were in flight or held.
 static SKIP_OPEN: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM turn)", "EXISTS (SELECT 1 FROM turn)");
-    let view = sql::ClaimView::of(&leased, &sql::holder(&super::POSTGRES, "claim_id"));
+    let holder = "(SELECT h.claim_id FROM leases h WHERE h.lo <= c.sequence AND h.hi >= c.sequence \
+        AND (h.sequences IS NULL OR c.sequence = ANY (h.sequences)) LIMIT 1)";
+    let view = sql::ClaimView::of(&leased, holder);
     format!(
         "WITH turn AS (SELECT floor FROM lane WHERE parent_id = $1 FOR UPDATE), \
+         leases AS MATERIALIZED ( \
+             SELECT l.claim_id, l.lo, l.hi, l.sequences FROM claim_lease l \
+             WHERE l.parent_id = $1 AND (SELECT count(*) FROM turn) >= 0 ORDER BY l.claim_id FOR NO KEY UPDATE), \
          cancelled AS ( \
              UPDATE child c SET state = 'skipped', reason = $2, terminal_at = now(), changed_at = now(), \
                  settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
                  attempts = {attempts}, claim_id = {claim}, previous_claim_id = {previous}, available_at = NULL \
-             WHERE c.parent_id = $1 AND c.state IN ('pending', 'held') AND (SELECT count(*) FROM turn) >= 0 \
+             WHERE c.parent_id = $1 AND c.state IN ('pending', 'held') AND (SELECT count(*) FROM leases) >= 0 \
+               AND NOT ({leased} AND {holder} IS NULL) \
              RETURNING c.parent_id, c.state, c.reason, c.settled_from), \
          {reasons}, \
          ended AS (DELETE FROM claim_lease WHERE parent_id = $1 AND (SELECT count(*) FROM cancelled) >= 0) \

@@ -12,6 +12,7 @@ use crate::store::reports::{DriftPage, DriftRow};
 use crate::store::{StoreResult, reconcile, sql};
 
 static DRIFT_PAGE: LazyLock<String> = LazyLock::new(|| {
+    let leased = sql::leased("l.floor", "l.parent_id IS NOT NULL");
     format!(
         "SELECT {columns}, \
              coalesce(t.total, 0) AS rows_total, coalesce(t.processed, 0) AS rows_processed, \
@@ -19,17 +20,19 @@ static DRIFT_PAGE: LazyLock<String> = LazyLock::new(|| {
              coalesce(t.in_flight, 0) AS rows_in_flight, coalesce(t.held, 0) AS rows_held \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          LEFT JOIN LATERAL ( \
-             SELECT count(*) AS total, count(*) FILTER (WHERE state = 'processed') AS processed, \
+             SELECT count(*) AS total, \
+                 count(*) FILTER (WHERE state = 'processed' OR (state = 'pending' AND {quiet})) AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \
                  count(*) FILTER (WHERE state = 'skipped') AS skipped, \
-                 count(*) FILTER (WHERE {leased}) AS in_flight, \
+                 count(*) FILTER (WHERE state = 'pending' AND {in_flight}) AS in_flight, \
                  count(*) FILTER (WHERE state = 'held') AS held \
              FROM child c WHERE c.parent_id = p.parent_id) t ON true \
          WHERE p.position > $1 AND ($2::text IS NULL OR p.queue = $2) AND {within} \
          ORDER BY p.position LIMIT $3",
         columns = reconcile::drift_columns(),
         within = sql::within_postgres("$4"),
-        leased = sql::leased("l.floor", "l.parent_id IS NOT NULL")
+        quiet = sql::quiet_with(&super::POSTGRES, &leased),
+        in_flight = sql::in_flight_with(&super::POSTGRES, &leased)
     )
 });
 

@@ -52,6 +52,26 @@ const ROW_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c
     c.outcome_attempt, c.terminal_at, c.changed_at, c.conflicts, c.conflict_count, c.redrive_of_parent, \
     c.redrive_of_sequence";
 
+/// A processed child's columns, as `rows::child` reads them, from its row
+/// `c` and the outcome batch `x` that names it: a batch with a claim
+/// recorded its children without rewriting their rows (migration 0023 on
+/// Postgres), which say what the claim found, and the batch the rest.
+const PROCESSED_COLUMNS: &str = "c.parent_id, c.sequence, c.key, 'processed' AS state, c.payload, \
+    CASE WHEN x.claim_id IS NULL THEN c.attempts ELSE c.attempts + 1 END AS attempts, \
+    coalesce(x.claim_id, c.claim_id) AS claim_id, \
+    CASE WHEN x.claim_id IS NULL THEN c.claimed_by ELSE x.worker END AS claimed_by, \
+    CASE WHEN x.claim_id IS NULL THEN c.lease_expires_at ELSE x.expires_at END AS lease_expires_at, \
+    c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, \
+    CASE WHEN x.claim_id IS NULL THEN c.outcome_attempt ELSE c.attempts + 1 END AS outcome_attempt, \
+    CASE WHEN x.claim_id IS NULL THEN c.terminal_at ELSE x.changed_at END AS terminal_at, \
+    CASE WHEN x.claim_id IS NULL THEN c.changed_at ELSE x.changed_at END AS changed_at, \
+    c.conflicts, c.conflict_count, c.redrive_of_parent, c.redrive_of_sequence";
+
+/// The row of processed child `x` (`c`): processed, or, when its batch has a
+/// claim, as that claim found it (pending).
+const PROCESSED_ROW: &str = "c.parent_id = x.parent_id AND c.sequence = x.sequence \
+    AND (c.state = 'processed' OR (x.claim_id IS NOT NULL AND c.state = 'pending'))";
+
 /// Whether the child row `c` (pending, no `available_at`) is one a lease
 /// holds: its parent has a lane whose floor has passed it (`sql::leased`).
 const IN_FLIGHT: &str = "coalesce((SELECT coalesce(c.sequence < ln.floor, true) FROM lane ln \
@@ -147,7 +167,8 @@ fn processed_keys_of(d: &Dialect, start: Start, kept: bool) -> String {
         "true".to_owned()
     };
     format!(
-        "SELECT b.changed_at, b.parent_id, ls.value AS sequence, {hit} AS hit, false AS in_flight \
+        "SELECT b.changed_at, b.parent_id, ls.value AS sequence, b.claim_id, b.worker, b.expires_at, \
+             {hit} AS hit, false AS in_flight \
          FROM processed_batch b CROSS JOIN {sequences} \
          WHERE true {bound} {below} \
          ORDER BY b.changed_at DESC, b.parent_id DESC, ls.value DESC LIMIT $4",
@@ -171,8 +192,8 @@ const PROCESSED_FOUND: &str = "x.changed_at AS key_at, x.parent_id AS key_parent
 /// batch's time (terminal is one-way); the join says so all the same.
 fn processed_rows(d: &Dialect, start: Start) -> String {
     format!(
-        "SELECT {PROCESSED_FOUND}, {ROW_COLUMNS} FROM ({keys}) x \
-         LEFT JOIN child c ON c.parent_id = x.parent_id AND c.sequence = x.sequence AND c.state = 'processed' \
+        "SELECT {PROCESSED_FOUND}, {PROCESSED_COLUMNS} FROM ({keys}) x \
+         LEFT JOIN child c ON {PROCESSED_ROW} \
          ORDER BY x.changed_at DESC, x.parent_id DESC, x.sequence DESC",
         keys = processed_keys_of(d, start, false),
     )
@@ -191,11 +212,12 @@ fn processed_of_parent(d: &Dialect, start: Start) -> String {
         _ => "AND b.changed_at <= $1",
     };
     format!(
-        "SELECT {PROCESSED_FOUND}, {ROW_COLUMNS} FROM ( \
-             SELECT b.changed_at, b.parent_id, ls.value AS sequence FROM processed_batch b CROSS JOIN {sequences} \
+        "SELECT {PROCESSED_FOUND}, {PROCESSED_COLUMNS} FROM ( \
+             SELECT b.changed_at, b.parent_id, ls.value AS sequence, b.claim_id, b.worker, b.expires_at \
+             FROM processed_batch b CROSS JOIN {sequences} \
              WHERE b.parent_id = $3 {bound} {below} \
              ORDER BY b.changed_at DESC, ls.value DESC LIMIT $4) x \
-         LEFT JOIN child c ON c.parent_id = $3 AND c.sequence = x.sequence AND c.state = 'processed' \
+         LEFT JOIN child c ON {PROCESSED_ROW} \
          ORDER BY x.changed_at DESC, x.sequence DESC",
         sequences = (d.lease_sequences)("b"),
         below = below_in_parent(start, "b.changed_at", "ls.value"),
@@ -390,7 +412,7 @@ pub(super) static NEVER_CLAIMED_SORTED: SqlSet<3> = SqlSet::new(|_, i| never_cla
 pub(super) static ROWS_OF_KEYS: Sql = Sql::new(|d| {
     format!(
         "SELECT {} FROM {} WHERE (c.parent_id, c.sequence) IN (SELECT t, n FROM ({}) k)",
-        sql::CHILD_COLUMNS,
+        sql::child_columns(d),
         sql::child_view(d),
         (d.json_pairs)("$1")
     )

@@ -41,7 +41,7 @@ fn claims() -> Vec<ClaimRow> {
     rows
 }
 
-/// The child as readers see it (`CHILD_COLUMNS`): a live lease is its
+/// The child as readers see it (`child_columns`): a live lease is its
 /// current attempt, and the last ended one becomes the one before.
 fn view((attempts, claim_id, previous, holder, _): ClaimRow) -> (i32, Option<Uuid>, Option<Uuid>) {
     match holder {

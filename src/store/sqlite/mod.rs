@@ -63,6 +63,8 @@ static SQLITE: Dialect = Dialect {
     json_length: |column| format!("json_array_length({column})"),
     lease_sequences: |l| format!("json_each({l}.sequences) ls"),
     lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
+    quiet_outcomes: false,
+    quiet_batch: |_| "NULL".to_owned(),
     json_pairs: |p| {
         format!("SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS t FROM json_each({p})")
     },
