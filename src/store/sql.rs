@@ -203,45 +203,63 @@ pub(crate) fn view_state(d: &Dialect) -> String {
 
 /// The attempt a child's outcome is credited to, as readers see it, in `child_view`.
 pub(crate) fn view_outcome_attempt(d: &Dialect) -> String {
-    format!(
-        "CASE WHEN {} THEN c.attempts + 1 ELSE c.outcome_attempt END",
-        quiet_in_view(d)
-    )
+    outcome_attempt_of(&quiet_in_view(d))
 }
 
 /// When a child became terminal, as readers see it, in `child_view`.
 pub(crate) fn view_terminal_at(d: &Dialect) -> String {
-    format!(
-        "CASE WHEN {} THEN {} ELSE c.terminal_at END",
-        quiet_in_view(d),
-        (d.quiet_batch)("changed_at")
-    )
+    terminal_at_of(&quiet_in_view(d), &(d.quiet_batch)("changed_at"))
+}
+
+/// `view_outcome_attempt` of row `c`, recorded quietly when `quiet` holds.
+fn outcome_attempt_of(quiet: &str) -> String {
+    format!("CASE WHEN {quiet} THEN c.attempts + 1 ELSE c.outcome_attempt END")
+}
+
+/// `view_terminal_at` of row `c`, recorded quietly at `at` when `quiet` holds.
+fn terminal_at_of(quiet: &str, at: &str) -> String {
+    format!("CASE WHEN {quiet} THEN {at} ELSE c.terminal_at END")
 }
 
 /// A child's columns as `Child` reads them, from `child_view`: the row, the
 /// lease `h` that holds it while it is in flight, and the outcome batch of
 /// a child recorded without its row rewritten (`quiet_in_view`).
 pub(crate) fn child_columns(d: &Dialect) -> String {
-    let quiet = quiet_in_view(d);
+    child_columns_of(
+        "h.claim_id IS NOT NULL",
+        &|column| format!("h.{column}"),
+        &quiet_in_view(d),
+        &|column| (d.quiet_batch)(column),
+    )
+}
+
+/// A child's columns as `Child` reads them, from its row `c`: in flight when
+/// `held` (its lease's columns `lease(column)`), recorded without its row
+/// rewritten when `quiet` (its outcome batch's columns `batch(column)`),
+/// else as the row says.
+pub(crate) fn child_columns_of(
+    held: &str,
+    lease: &dyn Fn(&str) -> String,
+    quiet: &str,
+    batch: &dyn Fn(&str) -> String,
+) -> String {
+    let either = |leased: String, batched: String, row: &str| {
+        format!("CASE WHEN {held} THEN {leased} WHEN {quiet} THEN {batched} ELSE {row} END")
+    };
     format!(
         "c.parent_id, c.sequence, c.key, {state} AS state, c.payload, \
-         c.attempts + CASE WHEN h.claim_id IS NOT NULL OR {quiet} THEN 1 ELSE 0 END AS attempts, \
-         CASE WHEN h.claim_id IS NOT NULL THEN h.claim_id WHEN {quiet} THEN {claim} ELSE c.claim_id END AS claim_id, \
-         CASE WHEN h.claim_id IS NOT NULL THEN h.worker WHEN {quiet} THEN {worker} ELSE c.claimed_by END \
-             AS claimed_by, \
-         CASE WHEN h.claim_id IS NOT NULL THEN h.expires_at WHEN {quiet} THEN {expires} ELSE c.lease_expires_at END \
-             AS lease_expires_at, \
+         c.attempts + CASE WHEN {held} OR {quiet} THEN 1 ELSE 0 END AS attempts, \
+         {claim} AS claim_id, {worker} AS claimed_by, {expires} AS lease_expires_at, \
          c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, {attempt} AS outcome_attempt, \
-         {terminal} AS terminal_at, \
-         CASE WHEN h.claim_id IS NOT NULL THEN h.claimed_at WHEN {quiet} THEN {at} ELSE c.changed_at END AS changed_at, \
+         {terminal} AS terminal_at, {changed} AS changed_at, \
          c.conflicts, c.conflict_count, c.redrive_of_parent, c.redrive_of_sequence",
-        state = view_state(d),
-        claim = (d.quiet_batch)("claim_id"),
-        worker = (d.quiet_batch)("worker"),
-        expires = (d.quiet_batch)("expires_at"),
-        attempt = view_outcome_attempt(d),
-        terminal = view_terminal_at(d),
-        at = (d.quiet_batch)("changed_at"),
+        state = either("'in_flight'".to_owned(), "'processed'".to_owned(), "c.state"),
+        claim = either(lease("claim_id"), batch("claim_id"), "c.claim_id"),
+        worker = either(lease("worker"), batch("worker"), "c.claimed_by"),
+        expires = either(lease("expires_at"), batch("expires_at"), "c.lease_expires_at"),
+        attempt = outcome_attempt_of(quiet),
+        terminal = terminal_at_of(quiet, &batch("changed_at")),
+        changed = either(lease("claimed_at"), batch("changed_at"), "c.changed_at"),
     )
 }
 

@@ -122,9 +122,11 @@ impl ChildWrites for PgTx {
 /// were in flight or held.
 static SKIP_OPEN: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM turn)", "EXISTS (SELECT 1 FROM turn)");
-    let holder = "(SELECT h.claim_id FROM leases h WHERE h.lo <= c.sequence AND h.hi >= c.sequence \
-        AND (h.sequences IS NULL OR c.sequence = ANY (h.sequences)) LIMIT 1)";
-    let view = sql::ClaimView::of(&leased, holder);
+    let holder = format!(
+        "(SELECT h.claim_id FROM leases h WHERE h.lo <= c.sequence AND h.hi >= c.sequence AND {} LIMIT 1)",
+        (super::POSTGRES.lease_holds)("h", "c.sequence")
+    );
+    let view = sql::ClaimView::of(&leased, &holder);
     format!(
         "WITH turn AS (SELECT floor FROM lane WHERE parent_id = $1 FOR UPDATE), \
          leases AS MATERIALIZED ( \

@@ -12,6 +12,8 @@
 //!   parent, see `Start`), `$3` parent, `$4` how many, and `$5` the lane's
 //!   floor for the never-claimed children.
 
+use std::sync::LazyLock;
+
 use crate::ledger::ChildState;
 use crate::store::sql;
 use crate::store::statement::{Dialect, Sql, SqlSet};
@@ -56,16 +58,11 @@ const ROW_COLUMNS: &str = "c.parent_id, c.sequence, c.key, c.state, c.payload, c
 /// `c` and the outcome batch `x` that names it: a batch with a claim
 /// recorded its children without rewriting their rows (migration 0023 on
 /// Postgres), which say what the claim found, and the batch the rest.
-const PROCESSED_COLUMNS: &str = "c.parent_id, c.sequence, c.key, 'processed' AS state, c.payload, \
-    CASE WHEN x.claim_id IS NULL THEN c.attempts ELSE c.attempts + 1 END AS attempts, \
-    coalesce(x.claim_id, c.claim_id) AS claim_id, \
-    CASE WHEN x.claim_id IS NULL THEN c.claimed_by ELSE x.worker END AS claimed_by, \
-    CASE WHEN x.claim_id IS NULL THEN c.lease_expires_at ELSE x.expires_at END AS lease_expires_at, \
-    c.previous_attempt, c.available_at, c.not_before, c.reason, c.result, \
-    CASE WHEN x.claim_id IS NULL THEN c.outcome_attempt ELSE c.attempts + 1 END AS outcome_attempt, \
-    CASE WHEN x.claim_id IS NULL THEN c.terminal_at ELSE x.changed_at END AS terminal_at, \
-    CASE WHEN x.claim_id IS NULL THEN c.changed_at ELSE x.changed_at END AS changed_at, \
-    c.conflicts, c.conflict_count, c.redrive_of_parent, c.redrive_of_sequence";
+static PROCESSED_COLUMNS: LazyLock<String> = LazyLock::new(|| {
+    sql::child_columns_of("false", &|_| "NULL".to_owned(), "x.claim_id IS NOT NULL", &|column| {
+        format!("x.{column}")
+    })
+});
 
 /// The row of processed child `x` (`c`): processed, or, when its batch has a
 /// claim, as that claim found it (pending).
@@ -192,10 +189,11 @@ const PROCESSED_FOUND: &str = "x.changed_at AS key_at, x.parent_id AS key_parent
 /// batch's time (terminal is one-way); the join says so all the same.
 fn processed_rows(d: &Dialect, start: Start) -> String {
     format!(
-        "SELECT {PROCESSED_FOUND}, {PROCESSED_COLUMNS} FROM ({keys}) x \
+        "SELECT {PROCESSED_FOUND}, {processed} FROM ({keys}) x \
          LEFT JOIN child c ON {PROCESSED_ROW} \
          ORDER BY x.changed_at DESC, x.parent_id DESC, x.sequence DESC",
         keys = processed_keys_of(d, start, false),
+        processed = PROCESSED_COLUMNS.as_str(),
     )
 }
 
@@ -212,7 +210,7 @@ fn processed_of_parent(d: &Dialect, start: Start) -> String {
         _ => "AND b.changed_at <= $1",
     };
     format!(
-        "SELECT {PROCESSED_FOUND}, {PROCESSED_COLUMNS} FROM ( \
+        "SELECT {PROCESSED_FOUND}, {processed} FROM ( \
              SELECT b.changed_at, b.parent_id, ls.value AS sequence, b.claim_id, b.worker, b.expires_at \
              FROM processed_batch b CROSS JOIN {sequences} \
              WHERE b.parent_id = $3 {bound} {below} \
@@ -221,6 +219,7 @@ fn processed_of_parent(d: &Dialect, start: Start) -> String {
          ORDER BY x.changed_at DESC, x.sequence DESC",
         sequences = (d.lease_sequences)("b"),
         below = below_in_parent(start, "b.changed_at", "ls.value"),
+        processed = PROCESSED_COLUMNS.as_str(),
     )
 }
 
