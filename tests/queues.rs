@@ -312,7 +312,65 @@ async fn children_search_pages_across_parents(backend: Backend) {
     );
 }
 
+/// The longest-waiting pending child once most of a queue's children were
+/// recorded: those children, processed by the claim that held them, were
+/// registered first and do not count. A child given back waits since it was
+/// given back; a child never claimed since it was registered.
+async fn oldest_pending_skips_recorded_children(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "O1", json!({"queue": "qo", "children": children_n(4)})).await;
+    let held = claim(&app, "O1", 4).await;
+    let outcomes: Vec<Value> = (0..3)
+        .map(|sequence| json!({"parent_id": "O1", "sequence": sequence, "outcome": "processed", "claim_id": held}))
+        .collect();
+    let r = app.post("/v1/outcomes", json!({"outcomes": outcomes})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let qo = queue(&app, "qo").await;
+    assert_eq!(
+        qo["oldest_pending_since"],
+        Value::Null,
+        "only one child left, in flight: {qo}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let r = app.post(&format!("/v1/claims/{held}/release"), json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let given_back = app.get("/v1/parents/O1/children/3").await.body;
+    assert_eq!(given_back["state"], "pending", "{given_back}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    register(&app, "O2", json!({"queue": "qo", "children": children_n(2)})).await;
+    let fresh = app.get("/v1/parents/O2/children/0").await.body;
+    let at = |child: &Value| chrono::DateTime::parse_from_rfc3339(child["changed_at"].as_str().unwrap()).unwrap();
+    assert!(at(&fresh) > at(&given_back), "{fresh} {given_back}");
+
+    let qo = queue(&app, "qo").await;
+    assert_eq!(
+        qo["children"],
+        json!({"total": 6, "processed": 3, "failed": 0, "skipped": 0, "pending": 3, "in_flight": 0, "held": 0}),
+        "{qo}"
+    );
+    let oldest = qo["oldest_pending_since"].as_str().expect("three children wait");
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(oldest).unwrap(),
+        at(&given_back),
+        "{qo}"
+    );
+
+    // Claimed again and recorded, the given-back child no longer waits: the
+    // fresh ones do, since their registration.
+    let again = claim(&app, "O1", 1).await;
+    outcome(&app, "O1", 3, json!({"outcome": "processed", "claim_id": again})).await;
+    let qo = queue(&app, "qo").await;
+    let oldest = qo["oldest_pending_since"].as_str().expect("two children wait");
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(oldest).unwrap(),
+        at(&fresh),
+        "{qo}"
+    );
+}
+
 both_stores!(
     queue_figures_match_a_known_scenario,
-    children_search_pages_across_parents
+    children_search_pages_across_parents,
+    oldest_pending_skips_recorded_children
 );

@@ -62,9 +62,15 @@ static KEYS_IN_FLIGHT: Sql = Sql::new(|d| {
 
 /// Every queue (or queue `$1`) within scope `$2`, one row per queue (see
 /// `reports::QueueRow`): parents by state and their projections summed, their
-/// minute buckets, and the oldest pending child of its open lanes, the first
-/// of them in `child_pending_changed` that no lease holds; and a row of zeros for a
-/// paused queue without parents (none yet, or all deleted).
+/// minute buckets, and the oldest pending child of its open lanes; and a row
+/// of zeros for a paused queue without parents (none yet, or all deleted).
+/// A lane's longest-waiting children are its oldest given back
+/// (`child_given_back_by_parent`) and the next one its claims take, at its
+/// floor: children are claimed in sequence order, and the rows below the
+/// floor (in flight, or recorded processed without being rewritten) are
+/// never read. Two probes per open lane, however many children the ledger
+/// has recorded: a walk of `child_pending_changed` in time order went past
+/// every such row first.
 static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
     format!(
         "SELECT p.queue, \
@@ -83,23 +89,27 @@ static QUEUE_SUMMARIES: Sql = Sql::new(|d| {
                  AS processed_before, \
              CAST(sum(CASE WHEN p.minute = {minute} THEN p.previous_minute_failed \
                            WHEN p.minute = {minute} - 1 THEN p.minute_failed ELSE 0 END) AS BIGINT) AS failed_before, \
-             (SELECT c.changed_at FROM child c JOIN lane ql ON ql.parent_id = c.parent_id \
-              WHERE c.state = 'pending' AND ql.queue = p.queue AND (ql.floor IS NOT NULL OR ql.ready_at IS NOT NULL) \
-                AND NOT {leased} \
-              ORDER BY c.changed_at LIMIT 1) AS oldest_pending_since, \
+             (SELECT min((SELECT c.changed_at FROM child c WHERE c.parent_id = ql.parent_id \
+                          AND c.sequence >= ql.floor AND c.state = 'pending' AND c.available_at IS NULL \
+                          ORDER BY c.sequence LIMIT 1)) \
+              FROM lane ql WHERE ql.queue = p.queue AND (ql.floor IS NOT NULL OR ql.ready_at IS NOT NULL)) \
+                 AS oldest_fresh_since, \
+             (SELECT min((SELECT min(c.changed_at) FROM child c WHERE c.parent_id = ql.parent_id \
+                          AND c.state = 'pending' AND c.available_at IS NOT NULL)) \
+              FROM lane ql WHERE ql.queue = p.queue AND (ql.floor IS NOT NULL OR ql.ready_at IS NOT NULL)) \
+                 AS oldest_given_back_since, \
              {epoch} AS epoch, \
              EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = p.queue) AS paused \
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
          GROUP BY p.queue \
          UNION ALL \
-         SELECT p.queue, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, {epoch}, TRUE FROM queue_pause p \
+         SELECT p.queue, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, {epoch}, TRUE FROM queue_pause p \
          WHERE ($1 IS NULL OR p.queue = $1) AND {within} \
              AND NOT EXISTS (SELECT 1 FROM parent x WHERE x.queue = p.queue) \
          ORDER BY queue",
         minute = d.minute,
         epoch = d.epoch,
         within = (d.within)("$2"),
-        leased = super::sql::leased("ql.floor", "true")
     )
 });

@@ -284,7 +284,13 @@ impl QueueRow {
             failed_now: row.int("failed_now")?,
             processed_before: row.int("processed_before")?,
             failed_before: row.int("failed_before")?,
-            oldest_pending_since: row.opt_time("oldest_pending_since")?,
+            oldest_pending_since: [
+                row.opt_time("oldest_fresh_since")?,
+                row.opt_time("oldest_given_back_since")?,
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
             epoch: row.float("epoch")?,
             paused: row.bool("paused")?,
         })
