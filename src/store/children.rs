@@ -44,14 +44,17 @@ static CHILD_BY_KEY: Sql = Sql::new(|d| {
 /// an in-flight child's row says `pending`). `$3` is always a bound: a
 /// generic plan of `$3 IS NULL OR ...` could not start the primary key's
 /// range at it, so a page deep in a large parent scanned it from the first.
+/// A state is tested on the row first (`sql::may_be_in`), the leases only
+/// for the children that pass.
 static CHILDREN: Sql = Sql::new(|d| {
     format!(
         "SELECT {} FROM {} \
-         WHERE c.parent_id = $1 AND ($2 IS NULL OR ({}) = $2) AND c.sequence > $3 \
+         WHERE c.parent_id = $1 AND ($2 IS NULL OR {}) AND ($2 IS NULL OR ({}) = $2) AND c.sequence > $3 \
          ORDER BY c.sequence LIMIT $4",
         sql::child_columns(d),
         sql::child_view(d),
-        sql::view_state(d)
+        sql::may_be_in("$2"),
+        sql::view_state()
     )
 });
 

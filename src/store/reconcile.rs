@@ -38,14 +38,13 @@ static LANE_OPEN: Sql = Sql::new(|d| {
 });
 
 /// A parent's in-flight and held children, counted over its rows (an
-/// in-flight child's row is pending, below its lane's floor: the lane is
-/// locked, so the floor holds still).
+/// in-flight child's row is pending, below its lane's floor, and a lease
+/// lists it: the lane is locked, so the floor holds still).
 static OPEN_TALLY: Sql = Sql::new(|d| {
     format!(
-        "SELECT count(*) FILTER (WHERE c.state = 'pending' AND {}) AS in_flight, \
-             count(*) FILTER (WHERE c.state = 'held') AS held \
-         FROM child c LEFT JOIN lane ln ON ln.parent_id = c.parent_id WHERE c.parent_id = $1",
-        sql::in_flight_with(d, &sql::leased("ln.floor", "ln.parent_id IS NOT NULL"))
+        "SELECT {} AS in_flight, count(*) FILTER (WHERE c.state = 'held') AS held \
+         FROM child c WHERE c.parent_id = $1",
+        sql::listed_in_flight(d, "$1")
     )
 });
 

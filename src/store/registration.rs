@@ -122,15 +122,19 @@ const SEAL_GAPS: &str = "SELECT sequence, next FROM ( \
 const SEAL_EXTRA: &str =
     "SELECT sequence FROM child WHERE parent_id = $1 AND sequence >= $2 ORDER BY sequence LIMIT $3";
 
-/// The projection derived from a parent's rows.
+/// The projection derived from a parent's rows. Its processed children are
+/// the rows that say so and those recorded without being rewritten: the
+/// rows that look in flight, less those a lease lists (`sql::listed_in_flight`).
 pub(super) static TERMINAL_TALLY: Sql = Sql::new(|d| {
     format!(
         "SELECT count(*) AS total, \
-             count(*) FILTER (WHERE c.state = 'processed' OR (c.state = 'pending' AND {})) AS processed, \
+             count(*) FILTER (WHERE c.state = 'processed') + count(*) FILTER (WHERE {leased}) - {listed} \
+                 AS processed, \
              count(*) FILTER (WHERE c.state = 'failed') AS failed, \
              count(*) FILTER (WHERE c.state = 'skipped') AS skipped \
          FROM child c LEFT JOIN lane ln ON ln.parent_id = c.parent_id WHERE c.parent_id = $1",
-        sql::quiet_with(d, &sql::leased("ln.floor", "ln.parent_id IS NOT NULL"))
+        leased = sql::leased("ln.floor", "ln.parent_id IS NOT NULL"),
+        listed = sql::listed_in_flight(d, "$1")
     )
 });
 

@@ -21,10 +21,12 @@ static RESULTS: Sql = Sql::new(|d| {
         "SELECT c.sequence, c.key, {state} AS state, {attempt} AS outcome_attempt, c.result, c.reason, \
              {terminal} AS terminal_at \
          FROM {view} \
-         WHERE c.parent_id = $1 AND ($2 IS NULL OR ({state}) = $2) AND c.sequence > $3 \
+         WHERE c.parent_id = $1 AND ($2 IS NULL OR {may}) AND ($2 IS NULL OR ({state}) = $2) \
+           AND c.sequence > $3 \
          ORDER BY c.sequence LIMIT $4",
-        state = sql::view_state(d),
-        attempt = sql::view_outcome_attempt(d),
+        may = sql::may_be_in("$2"),
+        state = sql::view_state(),
+        attempt = sql::view_outcome_attempt(),
         terminal = sql::view_terminal_at(d),
         view = sql::child_view(d)
     )

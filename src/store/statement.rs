@@ -123,14 +123,9 @@ pub(crate) struct Dialect {
     pub lease_sequences: fn(alias: &str) -> String,
     /// Whether claim lease `lease`'s list names child `sequence`.
     pub lease_holds: fn(lease: &str, sequence: &str) -> String,
-    /// Whether an outcome may record a processed child without rewriting
-    /// its row (migration 0023 on Postgres): readers then show a pending row
-    /// below its lane's floor that no lease holds as processed.
-    pub quiet_outcomes: bool,
     /// Column `column` of the outcome batch that recorded child row `c`
-    /// without rewriting it (migration 0023 on Postgres; see
-    /// `sql::child_view`), as a scalar subquery; NULL where outcomes always
-    /// rewrite the row (SQLite).
+    /// without rewriting it (migration 0023 on Postgres, 0022 on SQLite; see
+    /// `sql::child_view`), as a scalar subquery.
     pub quiet_batch: fn(column: &str) -> String,
     /// Rows `(n, t)` of JSON text `param`, an array of `[integer, text]` pairs.
     pub json_pairs: fn(param: &str) -> String,

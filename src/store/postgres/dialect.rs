@@ -23,7 +23,6 @@ pub(super) static POSTGRES: Dialect = Dialect {
     json_length: |column| format!("jsonb_array_length({column})"),
     lease_sequences: |l| format!("unnest({}) AS ls(value)", listed(l)),
     lease_holds: lists,
-    quiet_outcomes: true,
     quiet_batch: |column| {
         format!(
             "(SELECT q.{column} FROM processed_batch q WHERE q.parent_id = c.parent_id AND q.claim_id IS NOT NULL \

@@ -21,18 +21,16 @@ static DRIFT_PAGE: LazyLock<String> = LazyLock::new(|| {
          FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id \
          LEFT JOIN LATERAL ( \
              SELECT count(*) AS total, \
-                 count(*) FILTER (WHERE state = 'processed' OR (state = 'pending' AND {quiet})) AS processed, \
+                 count(*) FILTER (WHERE state = 'processed') + count(*) FILTER (WHERE {leased}) - f.n AS processed, \
                  count(*) FILTER (WHERE state = 'failed') AS failed, \
                  count(*) FILTER (WHERE state = 'skipped') AS skipped, \
-                 count(*) FILTER (WHERE state = 'pending' AND {in_flight}) AS in_flight, \
-                 count(*) FILTER (WHERE state = 'held') AS held \
-             FROM child c WHERE c.parent_id = p.parent_id) t ON true \
+                 f.n AS in_flight, count(*) FILTER (WHERE state = 'held') AS held \
+             FROM child c, (SELECT {listed} AS n) f WHERE c.parent_id = p.parent_id GROUP BY f.n) t ON true \
          WHERE p.position > $1 AND ($2::text IS NULL OR p.queue = $2) AND {within} \
          ORDER BY p.position LIMIT $3",
         columns = reconcile::drift_columns(),
         within = sql::within_postgres("$4"),
-        quiet = sql::quiet_with(&super::POSTGRES, &leased),
-        in_flight = sql::in_flight_with(&super::POSTGRES, &leased)
+        listed = sql::listed_in_flight(&super::POSTGRES, "p.parent_id")
     )
 });
 

@@ -63,8 +63,13 @@ static SQLITE: Dialect = Dialect {
     json_length: |column| format!("json_array_length({column})"),
     lease_sequences: |l| format!("json_each({l}.sequences) ls"),
     lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
-    quiet_outcomes: false,
-    quiet_batch: |_| "NULL".to_owned(),
+    quiet_batch: |column| {
+        format!(
+            "(SELECT q.{column} FROM processed_batch q WHERE q.parent_id = c.parent_id AND q.claim_id IS NOT NULL \
+                AND q.hi >= c.sequence AND q.lo <= c.sequence AND {} ORDER BY q.hi LIMIT 1)",
+            batch_lists("q", "c.sequence")
+        )
+    },
     json_pairs: |p| {
         format!("SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS t FROM json_each({p})")
     },
@@ -72,6 +77,16 @@ static SQLITE: Dialect = Dialect {
     indexed_by: |name| format!("INDEXED BY {name}"),
     within: sql::within_sqlite,
 };
+
+/// Whether outcome batch `b`'s list names child `sequence`. A batch of
+/// every sequence from its `lo` to its `hi` (a claim's whole lease, usually)
+/// says so by its length, without reading the list.
+fn batch_lists(b: &str, sequence: &str) -> String {
+    format!(
+        "(json_array_length({b}.sequences) = {b}.hi - {b}.lo + 1 \
+          OR EXISTS (SELECT 1 FROM json_each({b}.sequences) WHERE value = {sequence}))"
+    )
+}
 
 /// A statement's text and values as sqlx runs them on SQLite, which keeps
 /// times and uuids as text.

@@ -1,7 +1,7 @@
 //! Outcomes on SQLite: the winning writes, their counters, and what the
 //! losers are told.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
@@ -11,18 +11,61 @@ use uuid::Uuid;
 
 use super::{NOW, SqliteStore, SqliteTx};
 use crate::ledger::verdict::PARENT_FAILED;
-use crate::ledger::{OutcomeWrite, ParentId};
+use crate::ledger::{Outcome, OutcomeWrite, ParentId};
 use crate::store::backend::{LoserWrites, Outbox, Outcomes};
 use crate::store::parents::close_skipping;
 use crate::store::reports::{Applied, LoserFacts};
 use crate::store::rows::parse_column;
 use crate::store::{StoreResult, sql};
 
+/// The writes an outcome records without rewriting their children's rows
+/// (as on Postgres, migration 0023; SQLite's migration 0022): `processed`,
+/// without a reason or result, from the claim whose lease lists the child,
+/// which is in flight. Such a row stays as the claim found it (pending,
+/// below its lane's floor); the outcome takes the child out of its lease
+/// and names it, with the claim, its worker and the lease's expiry, in an
+/// outcome batch, and readers show it processed (`sql::quiet_in_view`). The
+/// rewrite of each such row was about a quarter of SQLite's work per child:
+/// `state` and `changed_at` are in every partial index on `child`.
+/// Returns each write's index in `?1` (JSON, as `outcomes_json` writes
+/// them), its lease's worker and expiry, and the statement's time.
+static QUIET_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH j AS MATERIALIZED ( \
+             SELECT key AS i, value ->> 0 AS parent_id, value ->> 1 AS sequence, value ->> 5 AS claim_id \
+             FROM jsonb_each(?1) \
+             WHERE value ->> 2 = 'processed' AND value ->> 3 IS NULL AND json_type(value, '$[4]') = 'null' \
+               AND value ->> 5 IS NOT NULL), \
+             {LISTED} \
+         SELECT DISTINCT j.i, h.worker, h.expires_at, {now} AS at \
+         FROM j \
+             JOIN h ON h.claim_id = j.claim_id AND h.parent_id = j.parent_id AND h.sequence = j.sequence \
+             JOIN child c ON c.parent_id = j.parent_id AND c.sequence = j.sequence \
+             JOIN lane ln ON ln.parent_id = j.parent_id \
+         WHERE {leased} \
+           AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL)",
+        now = NOW,
+        leased = sql::leased("ln.floor", "true"),
+    )
+});
+
+/// The children listed by the leases of the claims the writes `j` name, as
+/// `(claim_id, parent_id, worker, expires_at, sequence)` rows `h`.
+/// Materialized, so a write finds its child through an index SQLite builds
+/// once: joined as a subquery, each write read its lease's whole list again
+/// (28 ms for 500 writes of one lease, against 3 ms).
+const LISTED: &str = "h AS MATERIALIZED ( \
+        SELECT l.claim_id, l.parent_id, l.worker, l.expires_at, s.value AS sequence \
+        FROM claim_lease l, json_each(l.sequences) s \
+        WHERE (l.claim_id, l.parent_id) IN (SELECT claim_id, parent_id FROM j WHERE claim_id IS NOT NULL))";
+
 /// The guarded UPDATE only touches non-terminal rows of decomposed parents:
 /// what it returns is exactly the set of writes that won. A child is in
 /// flight when its lane's floor has passed it (migration 0013 on SQLite); the write's
 /// own claim's lease (`h`) says which lease holds it, and only a write for a
 /// child leased by another claim, or by none it names, looks the lease up.
+/// A child that looks in flight but that no lease holds was recorded
+/// without its row rewritten (`QUIET_OUTCOMES`), and is left alone.
 /// The outcome ends the attempt on the row, as a lease end does.
 /// The writes are read out of their JSON once (`j`, materialized): the
 /// statement names their fields a dozen times, and each `->>` parses the
@@ -44,7 +87,8 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  value ->> 3 AS reason, \
                  CASE WHEN json_type(value, '$[4]') = 'null' THEN NULL ELSE value -> 4 END AS result, \
                  value ->> 5 AS claim_id \
-             FROM jsonb_each(?1)) \
+             FROM jsonb_each(?1)), \
+             {LISTED} \
          UPDATE child AS c SET state = j.outcome, reason = j.reason, result = j.result, terminal_at = {now}, \
              changed_at = {now}, settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
              outcome_attempt = {credited}, attempts = {attempts}, previous_claim_id = {previous}, \
@@ -54,13 +98,9 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              available_at = NULL \
          FROM j \
              LEFT JOIN lane ln ON ln.parent_id = j.parent_id \
-             LEFT JOIN (SELECT l.claim_id, l.parent_id, l.worker, l.expires_at, s.value AS sequence \
-                        FROM claim_lease l, json_each(l.sequences) s \
-                        WHERE (l.claim_id, l.parent_id) IN ( \
-                            SELECT claim_id, parent_id FROM j WHERE claim_id IS NOT NULL)) h \
-                 ON h.claim_id = j.claim_id AND h.parent_id = j.parent_id AND h.sequence = j.sequence \
+             LEFT JOIN h ON h.claim_id = j.claim_id AND h.parent_id = j.parent_id AND h.sequence = j.sequence \
          WHERE c.parent_id = j.parent_id AND c.sequence = j.sequence \
-           AND c.state IN ('pending', 'held') AND {fenced} \
+           AND c.state IN ('pending', 'held') AND {fenced} AND (h.claim_id IS NOT NULL OR NOT {quiet}) \
            AND EXISTS (SELECT 1 FROM parent p WHERE p.parent_id = j.parent_id AND p.decomposed_at IS NOT NULL) \
          RETURNING parent_id, sequence, state, settled_from, claim_id, changed_at",
         now = NOW,
@@ -70,20 +110,26 @@ static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
         previous = view.previous_claim_id,
         holder = lookup("claim_id"),
         worker = lookup("worker"),
-        expires = lookup("expires_at")
+        expires = lookup("expires_at"),
+        quiet = sql::quiet_with(&super::SQLITE, &leased)
     )
 });
 
-/// Closes the leases whose last open children just went terminal: JSON
-/// `[[parent_id, claim_id, n], ...]` in `?1`, `n` of each lease's children
-/// recorded. Returns those it closed.
+/// Closes the leases whose last open children were just recorded: JSON
+/// `[[parent_id, claim_id, n, [quiet sequences]], ...]` in `?1`, `n` of each
+/// lease's children recorded. Returns those it closed.
 const CLOSE_LEASES: &str = "DELETE FROM claim_lease WHERE EXISTS ( \
         SELECT 1 FROM json_each(?1) j WHERE j.value ->> 0 = claim_lease.parent_id \
           AND j.value ->> 1 = claim_lease.claim_id AND claim_lease.open <= j.value ->> 2) \
     RETURNING parent_id, claim_id";
 
-/// Counts the children just recorded out of the other leases (see `CLOSE_LEASES`).
-const COUNT_DOWN_LEASES: &str = "UPDATE claim_lease SET open = open - j.value ->> 2 \
+/// Counts the children just recorded out of the other leases (see
+/// `CLOSE_LEASES`), and takes those recorded without their rows rewritten
+/// out of their lists: a lease lists the children it still holds of them.
+const COUNT_DOWN_LEASES: &str = "UPDATE claim_lease SET open = open - (j.value ->> 2), \
+        sequences = CASE WHEN json_array_length(j.value, '$[3]') = 0 THEN claim_lease.sequences \
+            ELSE (SELECT json_group_array(s.value) FROM json_each(claim_lease.sequences) s \
+                  WHERE s.value NOT IN (SELECT value FROM json_each(j.value, '$[3]'))) END \
     FROM json_each(?1) AS j WHERE claim_lease.parent_id = j.value ->> 0 AND claim_lease.claim_id = j.value ->> 1";
 
 /// Completes a parent whose last child just went terminal; a row back says
@@ -113,15 +159,42 @@ static LOG_CONFLICT: LazyLock<String> = LazyLock::new(|| {
 
 #[async_trait]
 impl Outcomes for SqliteStore {
-    /// Records the writes that win, and their parents' counters, in one transaction.
+    /// Records the writes that win, and their parents' counters, in one
+    /// transaction: first those recorded without their rows rewritten
+    /// (`QUIET_OUTCOMES`), then the rest by rewriting their rows.
     async fn apply_outcomes(&self, writes: &[OutcomeWrite]) -> StoreResult<Applied> {
         let mut tx = self.held_tx().await?;
-        let won: Vec<Won> = sqlx::query_as(APPLY_OUTCOMES.as_str())
-            .bind(outcomes_json(writes))
-            .fetch_all(&mut *tx)
-            .await?;
+        let json = outcomes_json(writes.iter());
+        let quiet: Vec<Quiet> = if writes.iter().any(may_be_quiet) {
+            sqlx::query_as(QUIET_OUTCOMES.as_str())
+                .bind(&json)
+                .fetch_all(&mut *tx)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let won: Vec<Won> = if quiet.len() == writes.len() {
+            Vec::new()
+        } else {
+            let rest = if quiet.is_empty() {
+                json
+            } else {
+                let recorded: HashSet<usize> = quiet.iter().map(|q| q.0 as usize).collect();
+                outcomes_json(
+                    writes
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !recorded.contains(i))
+                        .map(|(_, w)| w),
+                )
+            };
+            sqlx::query_as(APPLY_OUTCOMES.as_str())
+                .bind(rest)
+                .fetch_all(&mut *tx)
+                .await?
+        };
         let mut deltas: BTreeMap<&str, Counted> = BTreeMap::new();
-        let mut leases: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        let mut leases: BTreeMap<(&str, &str), Recorded> = BTreeMap::new();
         for (parent_id, _, state, from, claim_id, _) in &won {
             let delta = deltas.entry(parent_id.as_str()).or_default();
             match state.as_str() {
@@ -132,56 +205,143 @@ impl Outcomes for SqliteStore {
             match (from.as_str(), claim_id) {
                 ("in_flight", Some(claim_id)) => {
                     delta.from_in_flight += 1;
-                    *leases.entry((parent_id.as_str(), claim_id.as_str())).or_default() += 1;
+                    leases.entry((parent_id.as_str(), claim_id.as_str())).or_default().0 += 1;
                 }
                 ("in_flight", None) => delta.from_in_flight += 1,
                 ("held", _) => delta.from_held += 1,
                 _ => {}
             }
         }
+        let mut batches = processed_batches(&won);
+        let claims: Vec<String> = quiet
+            .iter()
+            .map(|(i, ..)| writes[*i as usize].claim_id.map(|c| c.to_string()).unwrap_or_default())
+            .collect();
+        for ((i, worker, expires_at, at), claim_id) in quiet.iter().zip(&claims) {
+            let write = &writes[*i as usize];
+            let delta = deltas.entry(write.parent_id.as_str()).or_default();
+            delta.processed += 1;
+            delta.from_in_flight += 1;
+            let lease = leases.entry((write.parent_id.as_str(), claim_id.as_str())).or_default();
+            lease.0 += 1;
+            lease.1.push(write.sequence);
+            batches
+                .entry((write.parent_id.as_str(), at.as_str(), Some(claim_id.as_str())))
+                .or_insert_with(|| Batch {
+                    worker: worker.as_deref(),
+                    expires_at: Some(expires_at.as_str()),
+                    sequences: Vec::new(),
+                })
+                .sequences
+                .push(write.sequence);
+        }
         count_down_leases(&mut tx, &leases).await?;
-        log_processed(&mut tx, &won).await?;
+        log_processed(&mut tx, batches).await?;
         let completed = bump_parents(&mut tx, &deltas).await?;
         tx.commit().await?;
+        let won = won
+            .into_iter()
+            .map(|(parent_id, sequence, _, _, _, _)| (ParentId::from_ledger(parent_id), sequence));
+        let quiet = quiet.iter().map(|(i, ..)| {
+            let write = &writes[*i as usize];
+            (write.parent_id.clone(), write.sequence)
+        });
         Ok(Applied {
-            won: won
-                .into_iter()
-                .map(|(parent_id, sequence, _, _, _, _)| (ParentId::from_ledger(parent_id), sequence))
-                .collect(),
+            won: won.chain(quiet).collect(),
             completed,
         })
     }
+}
+
+/// Whether `QUIET_OUTCOMES` might record write `w`: worth asking only then.
+fn may_be_quiet(w: &OutcomeWrite) -> bool {
+    w.outcome == Outcome::Processed && w.claim_id.is_some() && w.reason.is_none()
 }
 
 /// A write that won, as `APPLY_OUTCOMES` returns it: parent, sequence, new
 /// state, the state it settled from, the claim that held it, and its `changed_at`.
 type Won = (String, i64, String, String, Option<String>, String);
 
-/// Names the children this statement made processed in `processed_batch`
-/// (migration 0019), a row per parent and change: the children search finds
-/// them there. JSON `[[parent_id, changed_at, lo, hi, [sequences]], ...]`.
-const LOG_PROCESSED: &str = "INSERT INTO processed_batch (parent_id, changed_at, lo, hi, sequences) \
-    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4 FROM json_each(?1)";
+/// A write `QUIET_OUTCOMES` recorded: its index, its lease's worker and
+/// expiry, and the statement's time.
+type Quiet = (i64, Option<String>, String, String);
 
-async fn log_processed(tx: &mut SqliteTx, won: &[Won]) -> StoreResult<()> {
-    let mut batches: BTreeMap<(&str, &str), Vec<i64>> = BTreeMap::new();
+/// Of one lease, the children just recorded, and those of them recorded
+/// without their rows rewritten.
+#[derive(Debug, Default)]
+struct Recorded(i64, Vec<i64>);
+
+/// An outcome batch's children, and for one whose rows were not rewritten,
+/// its claim's worker and lease expiry.
+#[derive(Debug)]
+struct Batch<'a> {
+    worker: Option<&'a str>,
+    expires_at: Option<&'a str>,
+    sequences: Vec<i64>,
+}
+
+/// Outcome batches by parent, time, and claim (for those whose rows were not rewritten).
+type Batches<'a> = BTreeMap<(&'a str, &'a str, Option<&'a str>), Batch<'a>>;
+
+/// The children `APPLY_OUTCOMES` made processed, a batch per parent and change.
+fn processed_batches(won: &[Won]) -> Batches<'_> {
+    let mut batches = Batches::new();
     for (parent_id, sequence, state, _, _, changed_at) in won {
         if state == "processed" {
             batches
-                .entry((parent_id.as_str(), changed_at.as_str()))
-                .or_default()
+                .entry((parent_id.as_str(), changed_at.as_str(), None))
+                .or_insert_with(|| Batch {
+                    worker: None,
+                    expires_at: None,
+                    sequences: Vec::new(),
+                })
+                .sequences
                 .push(*sequence);
         }
     }
+    batches
+}
+
+/// Names the children this statement made processed in `processed_batch`
+/// (migration 0019), a row per parent and change, and per claim for those
+/// recorded without their rows rewritten (migration 0022): the children
+/// search finds them there, and readers what such a child's row does not say.
+/// JSON `[[parent_id, changed_at, lo, hi, [sequences], claim_id, worker, expires_at], ...]`.
+const LOG_PROCESSED: &str = "INSERT INTO processed_batch \
+        (parent_id, changed_at, lo, hi, sequences, claim_id, worker, expires_at) \
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, value ->> 5, value ->> 6, value ->> 7 \
+    FROM json_each(?1)";
+
+async fn log_processed(tx: &mut SqliteTx, batches: Batches<'_>) -> StoreResult<()> {
     if batches.is_empty() {
         return Ok(());
     }
-    let rows: Vec<(&str, &str, i64, i64, Vec<i64>)> = batches
+    type Row<'a> = (
+        &'a str,
+        &'a str,
+        i64,
+        i64,
+        Vec<i64>,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+    );
+    let rows: Vec<Row> = batches
         .into_iter()
-        .map(|((parent_id, changed_at), mut sequences)| {
-            sequences.sort_unstable();
-            let (lo, hi) = (sequences[0], sequences[sequences.len() - 1]);
-            (parent_id, changed_at, lo, hi, sequences)
+        .map(|((parent_id, changed_at, claim_id), mut batch)| {
+            batch.sequences.sort_unstable();
+            let (lo, hi) = (batch.sequences[0], batch.sequences[batch.sequences.len() - 1]);
+            let sequences = batch.sequences;
+            (
+                parent_id,
+                changed_at,
+                lo,
+                hi,
+                sequences,
+                claim_id,
+                batch.worker,
+                batch.expires_at,
+            )
         })
         .collect();
     let json = serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned());
@@ -190,14 +350,18 @@ async fn log_processed(tx: &mut SqliteTx, won: &[Won]) -> StoreResult<()> {
 }
 
 /// Takes the children just recorded out of their leases: `recorded` by
-/// `(parent, claim)`. A lease whose last open child this was goes (the
+/// `(parent, claim)`, those recorded without their rows rewritten out of
+/// the lease's list too. A lease whose last open child this was goes (the
 /// usual case: a worker records a claim's children in one batch); the rest
 /// count down.
-async fn count_down_leases(tx: &mut SqliteTx, recorded: &BTreeMap<(&str, &str), i64>) -> StoreResult<()> {
+async fn count_down_leases(tx: &mut SqliteTx, recorded: &BTreeMap<(&str, &str), Recorded>) -> StoreResult<()> {
     if recorded.is_empty() {
         return Ok(());
     }
-    let rows: Vec<(&str, &str, i64)> = recorded.iter().map(|((p, c), n)| (*p, *c, *n)).collect();
+    let rows: Vec<(&str, &str, i64, &[i64])> = recorded
+        .iter()
+        .map(|((p, c), Recorded(n, quiet))| (*p, *c, *n, quiet.as_slice()))
+        .collect();
     let json = serde_json::to_string(&rows).unwrap_or_else(|_| "[]".to_owned());
     let closed: Vec<(String, String)> = sqlx::query_as(CLOSE_LEASES).bind(&json).fetch_all(&mut **tx).await?;
     if closed.len() < rows.len() {
@@ -306,7 +470,7 @@ impl LoserWrites for SqliteTx {
 /// Outcome writes as one JSON array of
 /// `[parent_id, sequence, outcome, reason, result, claim_id]` for `json_each`,
 /// written straight from the writes (a result stays the text the worker sent).
-fn outcomes_json(writes: &[OutcomeWrite]) -> String {
+fn outcomes_json<'a>(writes: impl Iterator<Item = &'a OutcomeWrite>) -> String {
     type Row<'a> = (
         &'a str,
         i64,
@@ -316,7 +480,6 @@ fn outcomes_json(writes: &[OutcomeWrite]) -> String {
         Option<Uuid>,
     );
     let rows: Vec<Row> = writes
-        .iter()
         .map(|w| {
             (
                 w.parent_id.as_str(),

@@ -94,10 +94,12 @@ impl ChildWrites for SqliteTx {
                 "UPDATE child AS c SET state = 'skipped', reason = ?2, terminal_at = {NOW}, changed_at = {NOW}, \
                      settled_from = CASE WHEN {leased} THEN 'in_flight' ELSE c.state END, \
                      attempts = {attempts}, claim_id = {claim}, previous_claim_id = {previous}, available_at = NULL \
-                 WHERE c.parent_id = ?1 AND c.state IN ('pending', 'held') RETURNING settled_from",
+                 WHERE c.parent_id = ?1 AND c.state IN ('pending', 'held') AND NOT {quiet} \
+                 RETURNING settled_from",
                 attempts = view.attempts,
                 claim = view.claim_id,
-                previous = view.previous_claim_id
+                previous = view.previous_claim_id,
+                quiet = sql::quiet_with(&super::SQLITE, &leased)
             )
         });
         let from: Vec<String> = sqlx::query_scalar(SQL.as_str())

@@ -15,23 +15,23 @@ use crate::store::{StoreResult, reconcile, sql};
 impl Reconcile for SqliteStore {
     async fn drift_page(&self, page: DriftQuery<'_>) -> StoreResult<DriftPage> {
         static SQL: LazyLock<String> = LazyLock::new(|| {
+            let leased = sql::leased("l.floor", "l.parent_id IS NOT NULL");
             format!(
                 "SELECT {columns}, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id) AS rows_total, \
-                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'processed') \
-                     AS rows_processed, \
+                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id \
+                      AND (c.state = 'processed' OR {leased})) - {listed} AS rows_processed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'failed') \
                      AS rows_failed, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'skipped') \
                      AS rows_skipped, \
-                 (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND {leased}) \
-                     AS rows_in_flight, \
+                 {listed} AS rows_in_flight, \
                  (SELECT count(*) FROM child c WHERE c.parent_id = p.parent_id AND c.state = 'held') AS rows_held \
              FROM parent p LEFT JOIN lane l ON l.parent_id = p.parent_id WHERE p.position > ?1 AND (?2 IS NULL OR p.queue = ?2) AND {within} \
              ORDER BY p.position LIMIT ?3",
                 within = sql::within_sqlite("?4"),
                 columns = reconcile::drift_columns(),
-                leased = sql::leased("l.floor", "l.parent_id IS NOT NULL")
+                listed = sql::listed_in_flight(&super::SQLITE, "p.parent_id")
             )
         });
         let mut conn = self.held_read().await?;
