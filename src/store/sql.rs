@@ -169,7 +169,7 @@ pub(crate) fn quiet_row(d: &Dialect) -> String {
 }
 
 /// `leased` for a child row `c` read alone.
-fn leased_row() -> String {
+pub(crate) fn leased_row() -> String {
     leased(
         "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
         "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
@@ -186,7 +186,7 @@ fn lease_holds_row(d: &Dialect) -> String {
 }
 
 /// A child row `c`'s state as readers see it, the row read alone (an
-/// in-flight child shows its row's `pending`: see `in_flight_row`).
+/// in-flight child shows its row's `pending`).
 pub(crate) fn row_state(d: &Dialect) -> String {
     format!("CASE WHEN {} THEN 'processed' ELSE c.state END", quiet_row(d))
 }
@@ -301,13 +301,9 @@ pub(crate) fn holder(d: &Dialect, column: &str) -> String {
 /// Child row `c`'s claim as readers see it, for a statement that reads one
 /// row of the child table (its lane and lease looked up).
 pub(crate) fn conflict_view(d: &Dialect) -> ClaimView {
-    let leased = leased(
-        "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
-        "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
-    );
     // A child recorded without its row rewritten has no lease: its batch names its claim.
     let claim = format!("coalesce({}, {})", holder(d, "claim_id"), (d.quiet_batch)("claim_id"));
-    ClaimView::of(&leased, &claim)
+    ClaimView::of(&leased_row(), &claim)
 }
 
 /// A parent's open counts (`open_pending`, `open_in_flight`, `open_held`)

@@ -85,10 +85,7 @@ impl ChildWrites for SqliteTx {
     /// `UPDATE ... RETURNING` inside a counting query.
     async fn skip_open_children(&mut self, parent_id: &ParentId, reason: &str) -> StoreResult<Settled> {
         static SQL: LazyLock<String> = LazyLock::new(|| {
-            let leased = sql::leased(
-                "(SELECT floor FROM lane WHERE lane.parent_id = c.parent_id)",
-                "EXISTS (SELECT 1 FROM lane WHERE lane.parent_id = c.parent_id)",
-            );
+            let leased = sql::leased_row();
             let view = sql::ClaimView::of(&leased, &sql::holder(&super::SQLITE, "claim_id"));
             format!(
                 "UPDATE child AS c SET state = 'skipped', reason = ?2, terminal_at = {NOW}, changed_at = {NOW}, \
@@ -99,7 +96,7 @@ impl ChildWrites for SqliteTx {
                 attempts = view.attempts,
                 claim = view.claim_id,
                 previous = view.previous_claim_id,
-                quiet = sql::quiet_with(&super::SQLITE, &leased)
+                quiet = sql::quiet_row(&super::SQLITE)
             )
         });
         let from: Vec<String> = sqlx::query_scalar(SQL.as_str())
