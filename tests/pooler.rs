@@ -15,14 +15,14 @@ use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-/// The pooler in front of the test Postgres and a fresh database, or `None`
-/// when the Postgres half is skipped.
-async fn setup() -> Option<(PgBouncer, String)> {
+/// The pooler in front of the test Postgres and a fresh database (dropped
+/// with the value), or `None` when the Postgres half is skipped.
+async fn setup() -> Option<(PgBouncer, TestDatabase)> {
     if !postgres_available().await {
         return None;
     }
     let bouncer = pgbouncer().await?;
-    Some((bouncer, create_database().await))
+    Some((bouncer, TestDatabase::new(Backend::Postgres).await))
 }
 
 fn pooled<'a>(direct: Option<&'a str>, extra: &[&'a str]) -> Vec<&'a str> {
@@ -72,9 +72,10 @@ async fn woken_after(waiter: &str, other: &str, queue: &str, wait_seconds: u64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn long_polls_wake_across_replicas_through_the_direct_listen_url() {
-    let Some((bouncer, direct)) = setup().await else {
+    let Some((bouncer, database)) = setup().await else {
         return;
     };
+    let direct = database.url.clone();
     let via_pooler = bouncer.url_for(&direct);
     // A recheck far longer than the poll: only a notification can wake it in time.
     let flags = pooled(Some(&direct), &["--wait-recheck-ms", "60000"]);
@@ -93,9 +94,10 @@ async fn long_polls_wake_across_replicas_through_the_direct_listen_url() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_a_direct_url_migrations_are_refused_and_long_polls_recheck() {
-    let Some((bouncer, direct)) = setup().await else {
+    let Some((bouncer, database)) = setup().await else {
         return;
     };
+    let direct = database.url.clone();
     let via_pooler = bouncer.url_for(&direct);
 
     // Migrations need a session: through the pooler alone the service says
@@ -146,9 +148,10 @@ async fn without_a_direct_url_migrations_are_refused_and_long_polls_recheck() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn startup_errors_no_retry_can_fix_end_the_process_with_what_to_change() {
-    let Some((bouncer, direct)) = setup().await else {
+    let Some((bouncer, database)) = setup().await else {
         return;
     };
+    let direct = database.url.clone();
     let via_pooler = bouncer.url_for(&direct);
 
     // PgBouncer refuses the startup parameters of a direct connection.
