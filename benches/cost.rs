@@ -119,9 +119,11 @@ async fn wal_and_buffers(admin_url: &str) -> (f64, f64) {
     (lsn, buffers)
 }
 
-async fn checkpoint(admin_url: &str) {
-    let mut admin = sqlx::PgConnection::connect(admin_url).await.unwrap();
-    sqlx::query("CHECKPOINT").execute(&mut admin).await.unwrap();
+/// Writes out what the server holds dirty (`CHECKPOINT`: it is the whole
+/// server's, whichever database `url` names).
+pub(super) async fn checkpoint(url: &str) {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("CHECKPOINT").execute(&mut conn).await.unwrap();
 }
 
 async fn read(admin_url: &str, service: Option<u32>) -> Reading {

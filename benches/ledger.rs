@@ -1010,9 +1010,7 @@ async fn claim_latency_scale(admin_url: &str, rows: i64, bin: Option<&str>) -> (
     // database with nothing to write. The checkpoints that start during the
     // rounds at scale, and what the kernel still had to write when they
     // started, are printed, to tell their cost from the ledger's.
-    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("CHECKPOINT").execute(&mut conn).await.unwrap();
-    drop(conn);
+    cost::checkpoint(&db.url).await;
     let unwritten = kernel_unwritten_mib();
     let before = checkpoints(&db.url).await;
     let (p50_big, p99_big) = latency_rounds(&client, &service.base, "latency-big").await;
