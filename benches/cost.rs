@@ -190,9 +190,26 @@ pub(super) struct NodeResult {
     pub children_per_second: f64,
 }
 
+/// How the Node worker reports a chunk's outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Loop {
+    /// A claim, then its outcomes as one batch (`POST /v1/outcomes`): two
+    /// requests per chunk.
+    TwoRequests,
+    /// Each chunk's outcomes go with the next claim (its `outcomes`), as
+    /// examples/node/worker.mjs sends them: one request per chunk.
+    OneRequest,
+}
+
 /// Runs the Node worker of `peers/ledger.mjs` to the end.
 pub(super) async fn node_worker(base: &str, queue: &str, batch: usize, children: usize) -> NodeResult {
+    node_loop(base, queue, batch, children, Loop::TwoRequests).await
+}
+
+/// Runs the Node worker of `peers/ledger.mjs` to the end, its loop `how`.
+pub(super) async fn node_loop(base: &str, queue: &str, batch: usize, children: usize, how: Loop) -> NodeResult {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers");
+    let one_request = (how == Loop::OneRequest).then_some("--one-request");
     let output = tokio::process::Command::new("node")
         .args([
             "ledger.mjs",
@@ -207,6 +224,7 @@ pub(super) async fn node_worker(base: &str, queue: &str, batch: usize, children:
             "--children",
             &children.to_string(),
         ])
+        .args(one_request)
         .current_dir(&dir)
         .stderr(Stdio::inherit())
         .output()
@@ -222,8 +240,15 @@ pub(super) async fn node_worker(base: &str, queue: &str, batch: usize, children:
 }
 
 /// Our cost on Postgres: `children` over two parents, claims of `batch`,
-/// the service being `bin` (this build, or an older one to compare with).
-pub(super) async fn ours_on_postgres(admin_url: &str, bin: Option<&str>, children: usize, batch: usize) -> Cost {
+/// the service being `bin` (this build, or an older one to compare with),
+/// the Node worker's loop `how`.
+pub(super) async fn ours_on_postgres(
+    admin_url: &str,
+    bin: Option<&str>,
+    children: usize,
+    batch: usize,
+    how: Loop,
+) -> Cost {
     let db = ScratchDb::create(admin_url, "cost").await;
     let service = Service::start_bin(bin, &db.url, &[]).await;
     let client = reqwest::Client::new();
@@ -234,7 +259,7 @@ pub(super) async fn ours_on_postgres(admin_url: &str, bin: Option<&str>, childre
     register(&client, &service.base, "cost-b", "cost", children - half).await;
     settle(&db.url).await;
     let started = Instant::now();
-    let node = node_worker(&service.base, "cost", batch, children).await;
+    let node = node_loop(&service.base, "cost", batch, children, how).await;
     let drained = started.elapsed();
     checkpoint(admin_url).await;
     let after = read(admin_url, Some(service.pid)).await;
@@ -260,7 +285,7 @@ pub(super) async fn ours_on_postgres(admin_url: &str, bin: Option<&str>, childre
 }
 
 /// Our cost on SQLite, the same run: the service's CPU is all of it.
-pub(super) async fn ours_on_sqlite(children: usize, batch: usize) -> Cost {
+pub(super) async fn ours_on_sqlite(children: usize, batch: usize, how: Loop) -> Cost {
     let dir = std::env::temp_dir().join(format!("ledger-bench-cost-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("ledger.db");
@@ -273,7 +298,7 @@ pub(super) async fn ours_on_sqlite(children: usize, batch: usize) -> Cost {
     register(&client, &service.base, "cost-b", "cost", children - half).await;
     super::settle_sqlite(&path).await;
     let started = Instant::now();
-    let node = node_worker(&service.base, "cost", batch, children).await;
+    let node = node_loop(&service.base, "cost", batch, children, how).await;
     let drained = started.elapsed();
     let per = |ticks: u64| ticks as f64 * TICK_US / children as f64;
     let cost = Cost {

@@ -1209,19 +1209,29 @@ async fn cost_scenarios(args: &Args, sizes: &Sizes) -> Vec<Scenario> {
     let n = sizes.cost;
     let mut lines = Vec::new();
     let mut scenarios = Vec::new();
+    let (two, one) = (cost::Loop::TwoRequests, cost::Loop::OneRequest);
     eprintln!("cost: {n} children, Node worker, claims of 500 ...");
-    let ours = cost::ours_on_postgres(&args.admin_url, None, n, 500).await;
+    let ours = cost::ours_on_postgres(&args.admin_url, None, n, 500, two).await;
     lines.push(ours.line("ours, claims of 500"));
     eprintln!("cost: claims of 100 ...");
-    let ours_100 = cost::ours_on_postgres(&args.admin_url, None, n, 100).await;
+    let ours_100 = cost::ours_on_postgres(&args.admin_url, None, n, 100, two).await;
     lines.push(ours_100.line("ours, claims of 100"));
+    eprintln!("cost: claims of 500, each chunk's outcomes with the next claim ...");
+    let ours_one = cost::ours_on_postgres(&args.admin_url, None, n, 500, one).await;
+    lines.push(ours_one.line("ours, claims of 500, one request a chunk"));
+    eprintln!("cost: claims of 100, each chunk's outcomes with the next claim ...");
+    let ours_100_one = cost::ours_on_postgres(&args.admin_url, None, n, 100, one).await;
+    lines.push(ours_100_one.line("ours, claims of 100, one request a chunk"));
     eprintln!("cost: SQLite, claims of 500 ...");
-    let sqlite = cost::ours_on_sqlite(n, 500).await;
+    let sqlite = cost::ours_on_sqlite(n, 500, two).await;
     lines.push(sqlite.line("ours on SQLite, claims of 500"));
+    eprintln!("cost: SQLite, claims of 500, one request a chunk ...");
+    let sqlite_one = cost::ours_on_sqlite(n, 500, one).await;
+    lines.push(sqlite_one.line("ours on SQLite, claims of 500, one request a chunk"));
     let before = match &args.baseline_bin {
         Some(bin) => {
             eprintln!("cost: the baseline build {bin}, claims of 500 ...");
-            let before = cost::ours_on_postgres(&args.admin_url, Some(bin), n, 500).await;
+            let before = cost::ours_on_postgres(&args.admin_url, Some(bin), n, 500, two).await;
             lines.push(before.line("baseline build, claims of 500"));
             Some(before)
         }
@@ -1301,12 +1311,41 @@ async fn cost_scenarios(args: &Args, sizes: &Sizes) -> Vec<Scenario> {
             .against("ours on Postgres, claims of 500", ours.children_per_second)
             .target(">= 1.2"),
     );
+    scenarios.push(
+        Scenario::new(
+            "cost.sqlite.burn_down.one_request",
+            "children/s",
+            sqlite_one.children_per_second,
+        )
+        .against(
+            "ours on Postgres, claims of 500, one request a chunk",
+            ours_one.children_per_second,
+        )
+        .target(">= 1.2"),
+    );
     for (name, batch, peer) in &peers {
-        let (mine, label) = if *batch == 500 {
-            (&ours, "claims_of_500")
+        let (mine, mine_one, label) = if *batch == 500 {
+            (&ours, &ours_one, "claims_of_500")
         } else {
-            (&ours_100, "claims_of_100")
+            (&ours_100, &ours_100_one, "claims_of_100")
         };
+        scenarios.push(
+            Scenario::new(
+                &format!("node.burn_down.{label}.one_request"),
+                "children/s",
+                mine_one.children_per_second,
+            )
+            .against(&format!("{name}, local queue {batch}"), peer.children_per_second)
+            .target(">= 1.0"),
+        );
+        scenarios.push(
+            Scenario::new(
+                &format!("cost.machine_cpu.{label}.one_request"),
+                "µs per child",
+                mine_one.machine_us,
+            )
+            .against(&format!("{name}, local queue {batch}"), peer.machine_us),
+        );
         scenarios.push(
             Scenario::new(
                 &format!("node.burn_down.{label}"),

@@ -40,6 +40,11 @@
 //    joins the producer's trace; a batch holds children of one traceparent only
 //    (with the service exporting traces, each claimed child has its own, and its
 //    outcome goes alone).
+//    A chunk's last batch goes with the next claim instead, as its "outcomes"
+//    member: one request records them and claims the next chunk, and its answer's
+//    "outcome_results" is what POST /v1/outcomes would have answered. (Not when
+//    the batch carries a traceparent, which is a header of its own request, nor
+//    when stopping: then it is posted at once.)
 // 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
 //    already computed, give the rest back with POST /v1/claims/{claim_id}/release
 //    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
@@ -277,12 +282,21 @@ async function postOutcomes(batch, traceparent) {
   try {
     answer = await call("POST", "/v1/outcomes", { outcomes: batch.map(([item]) => item) }, { traceparent });
   } catch (err) {
-    log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
-      + err.message);
-    stats.abandoned += batch.length;
+    notRecorded(batch, err);
     return;
   }
-  answer.results.forEach((result, i) => {
+  countResults(batch, answer.results);
+}
+
+function notRecorded(batch, err) {
+  log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
+    + err.message);
+  stats.abandoned += batch.length;
+}
+
+/** Counts what became of a batch's outcomes (one result per item, in order). */
+function countResults(batch, results) {
+  results.forEach((result, i) => {
     const [item, deduplicated] = batch[i];
     if (result.status === "applied") {
       stats[item.outcome === "processed" ? "processed" : "failed"] += 1;
@@ -307,6 +321,7 @@ async function release(claimId, children) {
   }
 }
 
+/** Works a chunk; returns its last batch of outcomes when it goes with the next claim. */
 async function workChunk(claimId, children) {
   const started = performance.now();
   const before = { ...stats };
@@ -315,6 +330,7 @@ async function workChunk(claimId, children) {
   const todo = [...children];
   let batch = [];
   let trace = null;
+  let carried = [];
   try {
     while (todo.length && !stopping && !lease.expired()) {
       const child = todo.shift();
@@ -331,7 +347,8 @@ async function workChunk(claimId, children) {
         batch = [];
       }
     }
-    if (batch.length) await postOutcomes(batch, trace);
+    if (batch.length && (trace || stopping)) await postOutcomes(batch, trace);
+    else carried = batch;
   } finally {
     lease.stop();
   }
@@ -343,8 +360,10 @@ async function workChunk(claimId, children) {
     Object.entries(stats).filter(([k, v]) => v !== before[k]).map(([k, v]) => [k, v - before[k]]),
   );
   const expired = children.filter((c) => c.previous_attempt === "expired").length;
+  const riding = carried.length ? `, ${carried.length} outcomes going with the next claim` : "";
   log(`${opts.worker} claim ${claimId}: ${children.length} children (${expired} after an expired lease) `
-    + `${JSON.stringify(delta)} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
+    + `${JSON.stringify(delta)}${riding} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
+  return carried;
 }
 
 // Until when (our clock) children this worker abandoned may still be leased to it.
@@ -352,19 +371,27 @@ let ownLeasesUntil = 0;
 
 async function run() {
   const body = { limit, lease_seconds: leaseSeconds, worker: opts.worker, wait_seconds: waitSeconds };
+  // The last chunk's last outcomes, recorded by the next claim.
+  let carried = [];
   while (!stopping) {
     let claim;
     const claimed = performance.now();
+    const ask = carried.length ? { ...body, outcomes: carried.map(([item]) => item) } : body;
     try {
-      claim = await call("POST", `/v1/queues/${encodeURIComponent(opts.queue)}/claims`, body,
+      claim = await call("POST", `/v1/queues/${encodeURIComponent(opts.queue)}/claims`, ask,
         { timeoutMs: (waitSeconds + 30) * 1000, giveUpOnStop: true });
     } catch (err) {
-      if (!(err instanceof Unavailable)) throw err;
-      log(`claim: ${err.message}`);
+      if (!(err instanceof Unavailable)) {
+        if (carried.length) notRecorded(carried, err);
+        throw err;
+      }
+      log(`claim: ${err.message}`); // the outcomes it carried go again (a repeat is answered "duplicate")
       continue;
     }
+    if (carried.length) countResults(carried, claim.outcome_results);
+    carried = [];
     if (claim.children.length) {
-      await workChunk(claim.claim_id, claim.children);
+      carried = await workChunk(claim.claim_id, claim.children);
     } else if (exitWhenEmpty && claimed > ownLeasesUntil) {
       log("nothing claimable and nothing of ours in flight: exiting");
       return;
@@ -372,6 +399,7 @@ async function run() {
       await nap(1000);
     }
   }
+  if (carried.length) await postOutcomes(carried, null);
 }
 
 for (const signal of ["SIGTERM", "SIGINT"]) {

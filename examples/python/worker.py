@@ -40,6 +40,11 @@ the OpenAPI document, openapi/openapi.json in the repository and GET
    joins the producer's trace; a batch holds children of one traceparent only
    (with the service exporting traces, each claimed child has its own, and its
    outcome goes alone).
+   A chunk's last batch goes with the next claim instead, as its "outcomes"
+   member: one request records them and claims the next chunk, and its answer's
+   "outcome_results" is what POST /v1/outcomes would have answered. (Not when
+   the batch carries a traceparent, which is a header of its own request, nor
+   when stopping: then it is posted at once.)
 5. On SIGTERM/SIGINT: stop claiming, finish the child in hand, post the outcomes
    already computed, give the rest back with POST /v1/claims/{claim_id}/release
    {"children": [{"parent_id", "sequence"}]} (fenced by claim_id: only children
@@ -236,27 +241,39 @@ class Worker:
         path = f"/v1/queues/{urllib.parse.quote(a.queue, safe='')}/claims"
         body = {"limit": a.limit, "lease_seconds": a.lease_seconds, "worker": a.worker,
                 "wait_seconds": a.wait_seconds}
+        carried = []  # the last chunk's last outcomes, recorded by the next claim
         while not self.stop.is_set():
             claimed = time.monotonic()
+            ask = dict(body, outcomes=[item for item, _ in carried]) if carried else body
             try:
-                claim = self.api.call("POST", path, body, timeout=a.wait_seconds + 30, give_up_on_stop=True)
+                claim = self.api.call("POST", path, ask, timeout=a.wait_seconds + 30, give_up_on_stop=True)
             except Unavailable as err:
-                log(f"claim: {err}")
+                log(f"claim: {err}")  # the outcomes it carried go again (a repeat is answered "duplicate")
                 continue
+            except Problem as err:
+                if carried:
+                    self.not_recorded(carried, err)
+                raise
+            if carried:
+                self.count_results(carried, claim["outcome_results"])
+            carried = []
             if claim["children"]:
-                self.work_chunk(claim["claim_id"], claim["children"])
+                carried = self.work_chunk(claim["claim_id"], claim["children"])
             elif a.exit_when_empty and claimed > self.own_leases_until:
                 log("nothing claimable and nothing of ours in flight: exiting")
                 return
             elif a.wait_seconds == 0:
                 self.stop.wait(1)
+        if carried:
+            self.post_outcomes(carried, None)
 
     def work_chunk(self, claim_id, children):
+        """Works a chunk; returns its last batch of outcomes when it goes with the next claim."""
         started, before = time.monotonic(), dict(self.stats)
         self.stats["claimed"] += len(children)
         keeper = LeaseKeeper(self.api, claim_id, self.args.lease_seconds)
         keeper.start()
-        todo, batch, trace = list(children), [], None
+        todo, batch, trace, carried = list(children), [], None, []
         try:
             while todo and not self.stop.is_set() and not keeper.expired():
                 child = todo.pop(0)
@@ -271,8 +288,10 @@ class Worker:
                 if len(batch) >= self.args.batch_size:
                     self.post_outcomes(batch, trace)
                     batch = []
-            if batch:
+            if batch and (trace or self.stop.is_set()):
                 self.post_outcomes(batch, trace)
+            else:
+                carried = batch
         finally:
             keeper.done.set()
         if todo:  # never started: give back what this claim still holds
@@ -283,8 +302,10 @@ class Worker:
             self.own_leases_until = max(self.own_leases_until, keeper.deadline)
         delta = {k: v - before[k] for k, v in self.stats.items() if v != before[k]}
         expired = sum(c.get("previous_attempt") == "expired" for c in children)
+        riding = f", {len(carried)} outcomes going with the next claim" if carried else ""
         log(f"{self.args.worker} claim {claim_id}: {len(children)} children ({expired} after an "
-            f"expired lease) {json.dumps(delta)} in {time.monotonic() - started:.2f}s")
+            f"expired lease) {json.dumps(delta)}{riding} in {time.monotonic() - started:.2f}s")
+        return carried
 
     def outcome_for(self, claim_id, child):
         """Returns (outcome item for POST /v1/outcomes, whether the work was skipped as done)."""
@@ -305,11 +326,17 @@ class Worker:
             answer = self.api.call("POST", "/v1/outcomes", {"outcomes": [item for item, _ in batch]},
                                    traceparent=traceparent)
         except (Problem, Unavailable) as err:
-            log(f"{len(batch)} outcomes not recorded "
-                f"(the children come back when the lease runs out): {err}")
-            self.stats["abandoned"] += len(batch)
+            self.not_recorded(batch, err)
             return
-        for (item, deduplicated), result in zip(batch, answer["results"]):
+        self.count_results(batch, answer["results"])
+
+    def not_recorded(self, batch, err):
+        log(f"{len(batch)} outcomes not recorded (the children come back when the lease runs out): {err}")
+        self.stats["abandoned"] += len(batch)
+
+    def count_results(self, batch, results):
+        """Counts what became of a batch's outcomes (one result per item, in order)."""
+        for (item, deduplicated), result in zip(batch, results):
             if result["status"] == "applied":
                 self.stats["processed" if item["outcome"] == "processed" else "failed"] += 1
                 self.stats["deduplicated"] += deduplicated

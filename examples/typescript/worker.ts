@@ -16,6 +16,8 @@
 //
 // A claimed child's "traceparent" is logged and sent as the `traceparent` header
 // of the outcome post that reports it (a batch holds one trace context only).
+// A chunk's last batch of outcomes goes with the next claim (its "outcomes"),
+// unless it carries a traceparent or the worker is stopping.
 //
 // stderr gets one log line per chunk (and one per child that carries a traceparent); stdout gets one JSON line at exit:
 // {"worker", "lang": "typescript", "claimed", "processed", "failed", "deduplicated",
@@ -315,12 +317,21 @@ async function postOutcomes(batch: Computed[], traceparent: string | null): Prom
     answer = await call("post", "/v1/outcomes", { body: { outcomes: batch.map(([item]) => item) } },
       { traceparent });
   } catch (err) {
-    log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
-      + (err instanceof Error ? err.message : String(err)));
-    stats.abandoned += batch.length;
+    notRecorded(batch, err);
     return;
   }
-  answer.results.forEach((result, i) => {
+  countResults(batch, answer.results);
+}
+
+function notRecorded(batch: Computed[], err: unknown): void {
+  log(`${batch.length} outcomes not recorded (the children come back when the lease runs out): `
+    + (err instanceof Error ? err.message : String(err)));
+  stats.abandoned += batch.length;
+}
+
+/** Counts what became of a batch's outcomes (one result per item, in order). */
+function countResults(batch: Computed[], results: Schemas["BatchResult"][]): void {
+  results.forEach((result, i) => {
     const [item, deduplicated] = batch[i];
     if (result.status === "applied") {
       stats[item.outcome === "processed" ? "processed" : "failed"] += 1;
@@ -347,7 +358,8 @@ async function release(claimId: string, children: ClaimedChild[]): Promise<void>
   }
 }
 
-async function workChunk(claimId: string, children: ClaimedChild[]): Promise<void> {
+/** Works a chunk; returns its last batch of outcomes when it goes with the next claim. */
+async function workChunk(claimId: string, children: ClaimedChild[]): Promise<Computed[]> {
   const started = performance.now();
   const before = { ...stats };
   stats.claimed += children.length;
@@ -355,6 +367,7 @@ async function workChunk(claimId: string, children: ClaimedChild[]): Promise<voi
   const todo = [...children];
   let batch: Computed[] = [];
   let trace: string | null = null;
+  let carried: Computed[] = [];
   try {
     while (todo.length && !stopping && !lease.expired()) {
       const child = todo.shift()!;
@@ -371,7 +384,8 @@ async function workChunk(claimId: string, children: ClaimedChild[]): Promise<voi
         batch = [];
       }
     }
-    if (batch.length) await postOutcomes(batch, trace);
+    if (batch.length && (trace || stopping)) await postOutcomes(batch, trace);
+    else carried = batch;
   } finally {
     lease.stop();
   }
@@ -383,8 +397,10 @@ async function workChunk(claimId: string, children: ClaimedChild[]): Promise<voi
     (Object.keys(stats) as Stat[]).filter((k) => stats[k] !== before[k]).map((k) => [k, stats[k] - before[k]]),
   );
   const expired = children.filter((c) => c.previous_attempt === "expired").length;
+  const riding = carried.length ? `, ${carried.length} outcomes going with the next claim` : "";
   log(`${workerName} claim ${claimId}: ${children.length} children (${expired} after an expired lease) `
-    + `${JSON.stringify(delta)} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
+    + `${JSON.stringify(delta)}${riding} in ${((performance.now() - started) / 1000).toFixed(2)}s`);
+  return carried;
 }
 
 // Until when (our clock) children this worker abandoned may still be leased to it.
@@ -394,19 +410,29 @@ async function run(): Promise<void> {
   const body: Schemas["ClaimChildren"] = {
     limit, lease_seconds: leaseSeconds, worker: workerName, wait_seconds: waitSeconds,
   };
+  // The last chunk's last outcomes, recorded by the next claim.
+  let carried: Computed[] = [];
   while (!stopping) {
     let claim;
     const claimed = performance.now();
+    const ask: Schemas["ClaimChildren"] = carried.length
+      ? { ...body, outcomes: carried.map(([item]) => item) }
+      : body;
     try {
-      claim = await call("post", "/v1/queues/{queue}/claims", { path: { queue }, body },
+      claim = await call("post", "/v1/queues/{queue}/claims", { path: { queue }, body: ask },
         { timeoutMs: (waitSeconds + 30) * 1000, giveUpOnStop: true });
     } catch (err) {
-      if (!(err instanceof Unavailable)) throw err;
-      log(`claim: ${err.message}`);
+      if (!(err instanceof Unavailable)) {
+        if (carried.length) notRecorded(carried, err);
+        throw err;
+      }
+      log(`claim: ${err.message}`); // the outcomes it carried go again (a repeat is answered "duplicate")
       continue;
     }
+    if (carried.length) countResults(carried, claim.outcome_results ?? []);
+    carried = [];
     if (claim.children.length) {
-      await workChunk(claim.claim_id, claim.children);
+      carried = await workChunk(claim.claim_id, claim.children);
     } else if (exitWhenEmpty && claimed > ownLeasesUntil) {
       log("nothing claimable and nothing of ours in flight: exiting");
       return;
@@ -414,6 +440,7 @@ async function run(): Promise<void> {
       await nap(1000);
     }
   }
+  if (carried.length) await postOutcomes(carried, null);
 }
 
 for (const signal of ["SIGTERM", "SIGINT"] as const) {

@@ -16,10 +16,11 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, claim_id_param, parent_id_param, queue_param};
 use super::guard::Caller;
+use super::outcomes::{BatchOutcome, batch_writes, record_batch};
 use super::validate::{MAX_WORKER_CHARS, in_range, max_chars};
 use super::whole;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::{Claim, ClaimRequest, ClaimScope, ClaimedChild, ParentId, QueueName};
+use crate::ledger::{BatchResult, Claim, ClaimRequest, ClaimScope, ClaimedChild, ParentId, QueueName};
 use crate::limits::{Limits, MAX_WAIT_SECONDS};
 use crate::state::AppState;
 use crate::store::{ChildRef, StoreError};
@@ -55,6 +56,17 @@ pub struct ClaimChildren {
     #[schema(minimum = 0)]
     #[serde(default, deserialize_with = "whole::option")]
     wait_seconds: Option<i64>,
+    /// Outcomes of children claimed before (0-1000 items, each as in `POST
+    /// /v1/outcomes`), recorded before this claim looks for children: a
+    /// worker reports one chunk and asks for the next in one request. The
+    /// answer's `outcome_results` says what became of each, in order. An
+    /// invalid item is answered 4xx, and then nothing is recorded or
+    /// claimed. Once recorded they stay recorded, whatever the claim then
+    /// answers: repeating the request is safe (they come back `duplicate`).
+    /// They count against a claim's body limit (1 MiB); a larger batch goes
+    /// to `POST /v1/outcomes`.
+    #[schema(max_items = 1000)]
+    outcomes: Option<Vec<BatchOutcome>>,
 }
 
 impl ClaimChildren {
@@ -122,15 +134,46 @@ impl Drop for WaitingClaim {
 /// freed, before it looks: the outcomes of one moment make one look.
 const SLOT_SETTLE: Duration = Duration::from_millis(5);
 
-/// Claims now, or as soon as work turns up within `wait`.
+/// Records the outcomes a claim carries, if any (all checked before any is
+/// written; a claim of an unknown parent is answered 404 before they are).
+async fn record_carried(
+    state: &AppState,
+    caller: &Caller,
+    request: &ClaimRequest,
+    outcomes: Option<Vec<BatchOutcome>>,
+) -> ApiResult<Option<Vec<BatchResult>>> {
+    let Some(items) = outcomes else {
+        return Ok(None);
+    };
+    let max = state.limits.max_outcomes_per_request;
+    if items.len() > max {
+        return Err(ApiError::invalid(
+            "outcomes",
+            format!("must hold 0-{max} outcomes, got {}", items.len()),
+        ));
+    }
+    let (writes, links) = batch_writes(state, caller, items)?;
+    if let (ClaimScope::Parent(parent_id), None) = (&request.scope, &request.queue)
+        && state.store.queue_of(parent_id).await?.is_none()
+    {
+        return Err(StoreError::ParentNotFound(parent_id.clone()).into());
+    }
+    Ok(Some(record_batch(state, caller, writes, &links).await?))
+}
+
+/// Claims now, or as soon as work turns up within `wait`, after recording
+/// the outcomes the request carries.
 async fn claim(
     state: AppState,
+    caller: &Caller,
     scope: ClaimScope,
     queue: Option<QueueName>,
-    body: ClaimChildren,
+    mut body: ClaimChildren,
 ) -> ApiResult<Json<Claim>> {
+    let outcomes = body.outcomes.take();
     let (mut request, wait) = body.into_request(scope, &state.limits)?;
     request.queue = queue;
+    let outcome_results = record_carried(&state, caller, &request, outcomes).await?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut shutdown = state.shutdown.subscribe();
     // Once it waits: its count among the waiting claims, and its place in line.
@@ -148,11 +191,21 @@ async fn claim(
             }
             let mut claim = claimed.claim;
             trace_each_child(&mut claim, request.worker.as_deref());
+            claim.outcome_results = outcome_results;
             return Ok(Json(claim));
         }
         let Some((_, place)) = &mut waiting else {
-            // A bounded crowd waits: past `--max-waiting-claims`, come back later.
-            let counted = WaitingClaim::join(&state)?;
+            // A bounded crowd waits: past `--max-waiting-claims`, come back
+            // later; a claim that recorded outcomes answers them, empty.
+            let counted = match WaitingClaim::join(&state) {
+                Ok(counted) => counted,
+                Err(_) if outcome_results.is_some() => {
+                    let mut claim = claimed.claim;
+                    claim.outcome_results = outcome_results;
+                    return Ok(Json(claim));
+                }
+                Err(full) => return Err(full),
+            };
             let queue = match &request.scope {
                 ClaimScope::Queue(queue) => queue.clone(),
                 ClaimScope::Parent(parent_id) => state
@@ -206,7 +259,8 @@ async fn claim(
 /// from decomposed parents. Concurrent claimers never receive the same live
 /// child. When `previous_attempt` is `expired`, the earlier attempt may have
 /// had its effect: check the remote side with `idempotency_key` before
-/// repeating it.
+/// repeating it. Send the previous chunk's outcomes in `outcomes` to record
+/// them and claim the next chunk in one request.
 #[utoipa::path(
     post,
     path = "/v1/parents/{parent_id}/claims",
@@ -238,7 +292,7 @@ async fn claim_from_parent(
             _ => return Err(StoreError::ParentNotFound(parent_id).into()),
         }
     };
-    claim(state, ClaimScope::Parent(parent_id), queue, body).await
+    claim(state, &caller, ClaimScope::Parent(parent_id), queue, body).await
 }
 
 /// Claim a leased chunk from any active parent of a queue.
@@ -247,7 +301,8 @@ async fn claim_from_parent(
 /// least recently comes first (never served counts as least recent, ties go
 /// to the oldest), and a short claim is filled from the next parents in that
 /// order. Within a parent, lowest sequence first. See the per-parent claim
-/// for the lease rules.
+/// for the lease rules, and for `outcomes`: the previous chunk's outcomes,
+/// recorded before the next chunk is claimed, in one request.
 #[utoipa::path(
     post,
     path = "/v1/queues/{queue}/claims",
@@ -261,11 +316,12 @@ async fn claim_from_parent(
 )]
 async fn claim_from_queue(
     State(state): State<AppState>,
+    caller: Caller,
     Path(queue): Path<String>,
     AppJson(body): AppJson<ClaimChildren>,
 ) -> ApiResult<Json<Claim>> {
     let scope = ClaimScope::Queue(queue_param(&queue)?);
-    claim(state, scope, None, body).await
+    claim(state, &caller, scope, None, body).await
 }
 
 /// Keep the claim's children leased for another `lease_seconds` from now.

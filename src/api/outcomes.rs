@@ -18,7 +18,7 @@ use super::validate::{MAX_REASON_CHARS, max_chars, raw_json_within};
 use super::whole;
 use crate::access::Role;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::ledger::{Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
+use crate::ledger::{BatchResult, Child, Outcome, OutcomeStatus, OutcomeWrite, ParentId};
 use crate::limits::Limits;
 use crate::state::AppState;
 
@@ -172,15 +172,6 @@ pub struct RecordOutcomes {
     outcomes: Vec<BatchOutcome>,
 }
 
-/// What became of one batch item. Only `applied` changed anything; the others
-/// are final answers, not errors to retry.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct BatchResult {
-    pub parent_id: ParentId,
-    pub sequence: i64,
-    pub status: OutcomeStatus,
-}
-
 /// One result per batch item, in request order.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct BatchResults {
@@ -233,38 +224,17 @@ async fn record_within_reach(
     Ok((writes.into(), statuses))
 }
 
-/// Record many outcomes in one transaction.
-///
-/// Each item gets `applied`, `duplicate` (same outcome already recorded),
-/// `conflict` (a different outcome won; kept in the child's `conflicts`),
-/// `claim_mismatch` (the `claim_id` holds neither the child's current nor its
-/// previous lease; nothing written), `not_found` (also for a child outside
-/// the token's queues) or `not_decomposed`, in request order.
-#[utoipa::path(
-    post,
-    path = "/v1/outcomes",
-    tag = "outcomes",
-    request_body = RecordOutcomes,
-    responses(
-        (status = 200, body = BatchResults),
-        (status = "4XX", description = "Invalid input; nothing was written", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-async fn record_outcomes(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppJson(body): AppJson<RecordOutcomes>,
-) -> ApiResult<Json<BatchResults>> {
-    let max = state.limits.max_outcomes_per_request;
-    if body.outcomes.is_empty() || body.outcomes.len() > max {
-        return Err(ApiError::invalid(
-            "outcomes",
-            format!("must hold 1-{max} outcomes, got {}", body.outcomes.len()),
-        ));
-    }
-    let mut writes = Vec::with_capacity(body.outcomes.len());
+/// The writes of an outcome batch's items, each checked (a problem names
+/// its field as `outcomes[3].reason`), and the trace contexts the request's
+/// span links to. Writes nothing.
+pub(super) fn batch_writes(
+    state: &AppState,
+    caller: &Caller,
+    items: Vec<BatchOutcome>,
+) -> ApiResult<(Vec<OutcomeWrite>, Vec<String>)> {
+    let mut writes = Vec::with_capacity(items.len());
     let mut links: Vec<String> = Vec::new();
-    for (i, item) in body.outcomes.into_iter().enumerate() {
+    for (i, item) in items.into_iter().enumerate() {
         if let Some(traceparent) = &item.traceparent {
             let kept = crate::ledger::trace::traceparent_field(traceparent)
                 .map_err(|why| ApiError::invalid(format!("outcomes[{i}].traceparent"), why))?;
@@ -297,11 +267,22 @@ async fn record_outcomes(
         };
         writes.push(checked(&state.limits, &format!("outcomes[{i}]."), write)?);
     }
-    for traceparent in &links {
+    Ok((writes, links))
+}
+
+/// Records a batch's checked writes (`batch_writes`), the request's span
+/// linked to `links`: one result per write, in order.
+pub(super) async fn record_batch(
+    state: &AppState,
+    caller: &Caller,
+    writes: Vec<OutcomeWrite>,
+    links: &[String],
+) -> ApiResult<Vec<BatchResult>> {
+    for traceparent in links {
         crate::telemetry::link_current(traceparent);
     }
-    let (writes, statuses) = record_within_reach(&state, &caller, writes).await?;
-    let results = writes
+    let (writes, statuses) = record_within_reach(state, caller, writes).await?;
+    Ok(writes
         .iter()
         .zip(statuses)
         .map(|(w, status)| BatchResult {
@@ -309,6 +290,39 @@ async fn record_outcomes(
             sequence: w.sequence,
             status,
         })
-        .collect();
+        .collect())
+}
+
+/// Record many outcomes in one transaction.
+///
+/// Each item gets `applied`, `duplicate` (same outcome already recorded),
+/// `conflict` (a different outcome won; kept in the child's `conflicts`),
+/// `claim_mismatch` (the `claim_id` holds neither the child's current nor its
+/// previous lease; nothing written), `not_found` (also for a child outside
+/// the token's queues) or `not_decomposed`, in request order.
+#[utoipa::path(
+    post,
+    path = "/v1/outcomes",
+    tag = "outcomes",
+    request_body = RecordOutcomes,
+    responses(
+        (status = 200, body = BatchResults),
+        (status = "4XX", description = "Invalid input; nothing was written", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn record_outcomes(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppJson(body): AppJson<RecordOutcomes>,
+) -> ApiResult<Json<BatchResults>> {
+    let max = state.limits.max_outcomes_per_request;
+    if body.outcomes.is_empty() || body.outcomes.len() > max {
+        return Err(ApiError::invalid(
+            "outcomes",
+            format!("must hold 1-{max} outcomes, got {}", body.outcomes.len()),
+        ));
+    }
+    let (writes, links) = batch_writes(&state, &caller, body.outcomes)?;
+    let results = record_batch(&state, &caller, writes, &links).await?;
     Ok(Json(BatchResults { results }))
 }

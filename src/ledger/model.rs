@@ -368,6 +368,15 @@ impl OutcomeStatus {
     }
 }
 
+/// What became of one item of an outcome batch. Only `applied` changed
+/// anything; the others are final answers, not errors to retry.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchResult {
+    pub parent_id: ParentId,
+    pub sequence: i64,
+    pub status: OutcomeStatus,
+}
+
 /// The answer to a claim: the children handed out under one lease.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Claim {
@@ -383,6 +392,10 @@ pub struct Claim {
     /// slot may free sooner, when an outcome is recorded). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_available_at: Option<DateTime<Utc>>,
+    /// When the claim carried `outcomes`: what became of each, in request
+    /// order, as `POST /v1/outcomes` answers them. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_results: Option<Vec<BatchResult>>,
 }
 
 /// What an append wrote.

@@ -154,6 +154,7 @@ impl Store {
                 lease_expires_at: leased.lease_expires_at,
                 next_available_at: leased.next_available_at.filter(|_| leased.children.is_empty()),
                 children: leased.children,
+                outcome_results: None,
             },
             queue: leased.queue,
         })
