@@ -56,7 +56,7 @@ pub struct ClaimChildren {
     #[schema(minimum = 0)]
     #[serde(default, deserialize_with = "whole::option")]
     wait_seconds: Option<i64>,
-    /// Outcomes of children claimed before (0-1000 items, each as in `POST
+    /// Outcomes of children claimed before (0-1000 items, configurable; each as in `POST
     /// /v1/outcomes`), recorded before this claim looks for children: a
     /// worker reports one chunk and asks for the next in one request. The
     /// answer's `outcome_results` says what became of each, in order. An
@@ -65,7 +65,6 @@ pub struct ClaimChildren {
     /// answers: repeating the request is safe (they come back `duplicate`).
     /// They count against a claim's body limit (1 MiB); a larger batch goes
     /// to `POST /v1/outcomes`.
-    #[schema(max_items = 1000)]
     outcomes: Option<Vec<BatchOutcome>>,
 }
 
