@@ -10,6 +10,7 @@ mod etag;
 mod events;
 pub mod extract;
 pub mod guard;
+mod leases;
 mod limits;
 mod openapi;
 mod ops;
@@ -54,6 +55,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(results::router())
         .merge(redrive::router())
         .merge(claims::router())
+        .merge(leases::router())
         .merge(queues::router())
         .merge(limits::router())
         .merge(outcomes::router())
