@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use super::group::{Write, Written};
 use super::outcomes::{Counted, bump_parents};
 use super::{NOW, SqliteStore, SqliteTx, now_by};
 use crate::ledger::{ClaimScope, ParentId};
@@ -82,14 +83,19 @@ async fn count_unclaimed(tx: &mut SqliteTx, ended: &BTreeMap<&str, (i64, i64)>) 
 
 #[async_trait]
 impl Claims for SqliteStore {
-    /// Leases children of one parent for each of `asks` in turn. Writes take
-    /// turns in SQLite, so a claim never finds a lane busy and `turn` changes nothing.
+    /// Leases children of one parent for each of `asks` in turn, in one
+    /// transaction of the writer's group. Writes take turns in SQLite, so a
+    /// claim never finds a lane busy and `turn` changes nothing.
     async fn claim_lane(&self, lane: LaneClaimParams<'_>) -> StoreResult<Vec<LaneClaim>> {
-        let mut claims = Vec::with_capacity(lane.asks.len());
-        for ask in lane.asks {
-            claims.push(self.claim_one(lane.parent_id, lane.queue, ask).await?);
+        let claim = Write::Claim {
+            parent_id: lane.parent_id.clone(),
+            queue: lane.queue.cloned(),
+            asks: lane.asks.to_vec(),
+        };
+        match self.in_group(claim).await? {
+            Written::Claims(claims) => Ok(claims),
+            Written::Applied(_) => unreachable!("a lane claim is answered with its claims"),
         }
-        Ok(claims)
     }
 
     async fn extend(&self, claim_id: Uuid, lease_seconds: i64) -> StoreResult<Extended> {

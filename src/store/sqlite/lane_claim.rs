@@ -9,7 +9,8 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 
-use super::{NOW, SqliteStore, now_by};
+use super::{NOW, SqliteStore, SqliteTx, now_by};
+use crate::ledger::admission::HeldBy;
 use crate::ledger::{ParentId, QueueName};
 use crate::store::StoreResult;
 use crate::store::admission::Admission;
@@ -35,6 +36,27 @@ static LEASE: LazyLock<String> = LazyLock::new(|| {
              open = claim_lease.open + excluded.open, \
              lo = min(claim_lease.lo, excluded.lo), hi = max(claim_lease.hi, excluded.hi)",
         expires = now_by("?4")
+    )
+});
+
+/// Moves lane `?2` on after a claim that took `?6` children: its new floor
+/// `?12`, its claimed count, when it was served, and (`?13`: some were due)
+/// when its next given-back child comes due.
+const MOVE_LANE: &str = "UPDATE lane SET floor = ?12, claimed = claimed + ?6, \
+        served = CASE WHEN ?6 > 0 THEN (SELECT served FROM lane_clock) ELSE served END, \
+        ready_at = CASE WHEN ?13 THEN ( \
+            SELECT min(c.available_at) FROM child c INDEXED BY child_delayed \
+            WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NOT NULL) \
+        ELSE ready_at END \
+    WHERE parent_id = ?2";
+
+/// What a claim that took children writes, as one text (one round trip to
+/// the writer's thread; sqlx binds `?N` across its statements): the lane
+/// clock's turn, the lease (`LEASE`), and the lane moved on (`MOVE_LANE`).
+static TAKE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE lane_clock SET served = served + 1; {}; {MOVE_LANE}",
+        LEASE.as_str()
     )
 });
 
@@ -93,12 +115,15 @@ impl SqliteStore {
     /// sequence first: from the floor up (`FRESH`) and, when some are due,
     /// given back ones (`DUE`); only the latter are written. Then the lease
     /// row, and the lane's new floor.
+    /// Runs in `tx`, a transaction of the writer's group (`group`): the
+    /// children are parsed once it has committed (`Picked::finish`), so the
+    /// write lock is not held for it.
     pub(super) async fn claim_one(
-        &self,
+        tx: &mut SqliteTx,
         parent_id: &ParentId,
         queue: Option<&QueueName>,
         ask: &LaneAsk,
-    ) -> StoreResult<LaneClaim> {
+    ) -> StoreResult<Picked> {
         static LANE: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "SELECT queue, floor, coalesce(ready_at <= {NOW}, 0), traceparent, children_traced, flow_key, \
@@ -109,14 +134,6 @@ impl SqliteStore {
                  AND NOT EXISTS (SELECT 1 FROM queue_pause qp WHERE qp.queue = lane.queue)"
             )
         });
-        const MOVE_LANE: &str = "UPDATE lane SET floor = ?2, claimed = claimed + ?3, \
-                     served = CASE WHEN ?3 > 0 THEN (SELECT served FROM lane_clock) ELSE served END, \
-                     ready_at = CASE WHEN ?4 THEN ( \
-                         SELECT min(c.available_at) FROM child c INDEXED BY child_delayed \
-                         WHERE c.parent_id = lane.parent_id AND c.state = 'pending' AND c.available_at IS NOT NULL) \
-                     ELSE ready_at END \
-                 WHERE parent_id = ?1";
-        let mut tx = self.held_tx().await?;
         type Lane = (
             String,
             Option<i64>,
@@ -130,23 +147,26 @@ impl SqliteStore {
         let lane: Option<Lane> = sqlx::query_as(LANE.as_str())
             .bind(parent_id.as_str())
             .bind(queue.map(QueueName::as_str))
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await?;
         let Some((queue, floor, due, traceparent, children_traced, flow_key, wait_until, flow_rows)) = lane else {
-            return Ok(LaneClaim::default());
+            return Ok(Picked::Answered(LaneClaim::default()));
         };
         if wait_until.is_some() || (floor.is_none() && !due) {
-            return Ok(LaneClaim::held_back(std::slice::from_ref(ask), None, wait_until).remove(0));
+            return Ok(Picked::Answered(
+                LaneClaim::held_back(std::slice::from_ref(ask), None, wait_until).remove(0),
+            ));
         }
         let flow_key = flow_key.as_deref();
-        let admission = Admission::read(&mut tx, &queue, flow_key, flow_rows, ask.limit, 0).await?;
+        let admission = Admission::read(tx, &queue, flow_key, flow_rows, ask.limit, 0).await?;
         let held_by = admission.admitted.and_then(|a| a.held_by);
         let allowed = admission.allowed(ask.limit);
         if allowed == 0 {
-            admission.spend(&mut tx, &queue, flow_key, 0).await?;
-            tx.commit().await?;
+            admission.spend(tx, &queue, flow_key, 0).await?;
             let next = admission.admitted.and_then(|a| a.next_available_at);
-            return Ok(LaneClaim::held_back(std::slice::from_ref(ask), held_by, next).remove(0));
+            return Ok(Picked::Answered(
+                LaneClaim::held_back(std::slice::from_ref(ask), held_by, next).remove(0),
+            ));
         }
         let ask = &LaneAsk {
             limit: allowed,
@@ -163,7 +183,7 @@ impl SqliteStore {
                 .bind(&lease)
                 .bind(children_traced)
                 .bind(&traceparent)
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut **tx)
                 .await?;
             // Told the earlier of two reads' expiries: never a later one than the lease's.
             lease_expires_at = Some(lease_expires_at.map_or(expires, |at| at.min(expires)));
@@ -192,44 +212,76 @@ impl SqliteStore {
             )
             .bind(parent_id.as_str())
             .bind(serde_json::to_string(&returned).unwrap_or_else(|_| "[]".to_owned()))
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
         }
-        if let (Some(lo), Some(hi)) = (taken.first(), taken.last()) {
-            sqlx::query("UPDATE lane_clock SET served = served + 1")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(LEASE.as_str())
-                .bind(&claim)
-                .bind(parent_id.as_str())
-                .bind(serde_json::to_string(&taken).unwrap_or_else(|_| "[]".to_owned()))
-                .bind(&lease)
-                .bind(ask.worker.as_deref())
-                .bind(taken.len() as i64)
-                .bind(lo)
-                .bind(hi)
-                .bind(&queue)
-                .bind(flow_key)
-                .bind(
-                    admission
-                        .admitted_at()
-                        .map(|at| at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
-                )
-                .execute(&mut *tx)
-                .await?;
-        }
-        admission.spend(&mut tx, &queue, flow_key, taken.len() as i64).await?;
-        sqlx::query(MOVE_LANE)
+        // Spent first: its rows are the queue's, which nothing below reads.
+        admission.spend(tx, &queue, flow_key, taken.len() as i64).await?;
+        let (sql, lo, hi) = match (taken.first(), taken.last()) {
+            (Some(lo), Some(hi)) => (TAKE.as_str(), Some(*lo), Some(*hi)),
+            // Its parameters skip some numbers: sqlx binds values to those too, unread.
+            _ => (MOVE_LANE, None, None),
+        };
+        sqlx::query(sql)
+            .bind(&claim)
             .bind(parent_id.as_str())
-            .bind(next_floor)
+            .bind(serde_json::to_string(&taken).unwrap_or_else(|_| "[]".to_owned()))
+            .bind(&lease)
+            .bind(ask.worker.as_deref())
             .bind(taken.len() as i64)
+            .bind(lo)
+            .bind(hi)
+            .bind(&queue)
+            .bind(flow_key)
+            .bind(
+                admission
+                    .admitted_at()
+                    .map(|at| at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
+            )
+            .bind(next_floor)
             .bind(due)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        tx.commit().await?;
-        let children = picked
+        Ok(Picked::Read {
+            parent_id: parent_id.clone(),
+            children: picked.into_iter().map(|(read, _)| read).collect(),
+            lease_expires_at,
+            queue,
+            held_by,
+        })
+    }
+}
+
+/// A lane claim done in a transaction that has not committed yet.
+pub(super) enum Picked {
+    /// Nothing to parse: the answer as it is.
+    Answered(LaneClaim),
+    /// The children read, to be parsed (`finish`) once committed.
+    Read {
+        parent_id: ParentId,
+        children: Vec<Read>,
+        lease_expires_at: Option<DateTime<Utc>>,
+        queue: String,
+        held_by: Option<HeldBy>,
+    },
+}
+
+impl Picked {
+    /// The claim's answer: its children parsed.
+    pub(super) fn finish(self) -> StoreResult<LaneClaim> {
+        let (parent_id, children, lease_expires_at, queue, held_by) = match self {
+            Self::Answered(claim) => return Ok(claim),
+            Self::Read {
+                parent_id,
+                children,
+                lease_expires_at,
+                queue,
+                held_by,
+            } => (parent_id, children, lease_expires_at, queue, held_by),
+        };
+        let children = children
             .into_iter()
-            .map(|((sequence, key, payload, attempt, previous, traceparent), _)| {
+            .map(|(sequence, key, payload, attempt, previous, traceparent)| {
                 let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
                 claimed(
                     parent_id.clone(),

@@ -7,6 +7,7 @@
 //! statements whose shape is SQLite's own live by resource.
 
 mod claims;
+mod group;
 mod held;
 mod lane_claim;
 mod memory;
@@ -129,6 +130,8 @@ pub(crate) struct SqliteStore {
     /// Beside the database file: held while migrating (none in memory).
     migration_lock: Option<std::path::PathBuf>,
     watchdog: Watchdog,
+    /// Lane claims and outcome batches waiting for the writer's next transaction.
+    group: Arc<group::Group>,
 }
 
 /// SQLite's `--statement-timeout-seconds`. SQLite has no statement timeout,
@@ -262,6 +265,7 @@ impl SqliteStore {
             readers,
             migration_lock,
             watchdog,
+            group: group::group(),
         })
     }
 

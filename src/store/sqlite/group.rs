@@ -1,0 +1,121 @@
+//! Group commit on SQLite's one writer: the lane claims and outcome batches
+//! that arrive while the writer's transaction runs wait, and go together in
+//! the next one: one `BEGIN IMMEDIATE`, one `COMMIT` and one `fsync` for all
+//! of them, whatever their parents.
+//!
+//! SQLite runs its writes one at a time anyway, so a write that waits for the
+//! next group waits no longer than it would have for the lock; what a group
+//! saves is each member's own transaction: the two round trips to the
+//! writer's thread that begin it, the one that commits it, and its `fsync`
+//! (with eight workers on two parents, about half of a burn-down's writes
+//! arrive while another runs). The first write runs at once, alone: at rest
+//! each runs as before. Every member is answered once the group has
+//! committed, so an answer still means durable.
+//!
+//! The group runs in a task of its own (`combine`), which a request going
+//! away does not stop: a member's statements cannot be interrupted halfway
+//! by its request, so one request's timeout never undoes its neighbours'
+//! writes. When the group fails, nothing of it was committed: if the
+//! database is unavailable every member is told so; otherwise each member is
+//! run again in a transaction of its own, so a failure is answered to the
+//! member it belongs to.
+
+use std::sync::Arc;
+
+use super::lane_claim::Picked;
+use super::{SqliteStore, outcomes};
+use crate::ledger::{OutcomeWrite, ParentId, QueueName};
+use crate::store::combine::Combiner;
+use crate::store::reports::{Applied, LaneAsk, LaneClaim};
+use crate::store::{StoreError, StoreResult};
+
+/// A write the group runs.
+pub(super) enum Write {
+    /// A lane claim: `asks` in turn on one parent's lane, in the queue given.
+    Claim {
+        parent_id: ParentId,
+        queue: Option<QueueName>,
+        asks: Vec<LaneAsk>,
+    },
+    /// An outcome batch.
+    Outcomes(Vec<OutcomeWrite>),
+}
+
+/// What a write of the group did, once committed.
+pub(super) enum Written {
+    Claims(Vec<LaneClaim>),
+    Applied(Applied),
+}
+
+/// What a write did before its group committed.
+enum Done {
+    Claims(Vec<Picked>),
+    Applied(Applied),
+}
+
+impl Done {
+    /// The answer, once committed (a claim's children are parsed now).
+    fn finish(self) -> StoreResult<Written> {
+        Ok(match self {
+            Self::Claims(picked) => Written::Claims(picked.into_iter().map(Picked::finish).collect::<Result<_, _>>()?),
+            Self::Applied(applied) => Written::Applied(applied),
+        })
+    }
+}
+
+/// The writes waiting for the writer's next transaction: one key, one runner.
+pub(super) type Group = Combiner<(), Write, StoreResult<Written>>;
+
+pub(super) fn group() -> Arc<Group> {
+    Arc::new(Combiner::new(1))
+}
+
+impl SqliteStore {
+    /// Runs `write` in the writer's next group transaction; answered once it committed.
+    pub(super) async fn in_group(&self, write: Write) -> StoreResult<Written> {
+        let store = self.clone();
+        self.group
+            .submit((), write, move |writes| {
+                let store = store.clone();
+                async move { store.run_group(writes).await }
+            })
+            .await?
+    }
+
+    /// Runs `writes` in one transaction; when that fails for another reason
+    /// than an unavailable database, each in one of its own.
+    async fn run_group(&self, writes: Vec<Write>) -> StoreResult<Vec<StoreResult<Written>>> {
+        match self.run_together(&writes).await {
+            Ok(done) => Ok(done.into_iter().map(Done::finish).collect()),
+            Err(err) if writes.len() == 1 || matches!(err, StoreError::Unavailable(_)) => Err(err),
+            Err(_) => {
+                let mut answers = Vec::with_capacity(writes.len());
+                for write in &writes {
+                    let done = self.run_together(std::slice::from_ref(write)).await;
+                    answers.push(done.and_then(|mut done| done.remove(0).finish()));
+                }
+                Ok(answers)
+            }
+        }
+    }
+
+    /// Runs `writes` in arrival order in one write transaction, and commits.
+    async fn run_together(&self, writes: &[Write]) -> StoreResult<Vec<Done>> {
+        let mut tx = self.held_tx().await?;
+        let mut done = Vec::with_capacity(writes.len());
+        for write in writes {
+            done.push(match write {
+                Write::Claim { parent_id, queue, asks } => {
+                    let mut picked = Vec::with_capacity(asks.len());
+                    for ask in asks {
+                        picked.push(Self::claim_one(&mut tx, parent_id, queue.as_ref(), ask).await?);
+                    }
+                    Done::Claims(picked)
+                }
+                Write::Outcomes(writes) => Done::Applied(outcomes::apply_outcomes(&mut tx, writes).await?),
+            });
+        }
+        tx.commit().await?;
+        Ok(done)
+    }
+}
