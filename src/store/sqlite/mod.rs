@@ -13,6 +13,7 @@ mod lane_claim;
 mod memory;
 mod outcomes;
 mod parents;
+mod quiet;
 mod reconcile;
 mod rows;
 mod webhooks;
