@@ -5,12 +5,12 @@
 -- table took two and a half times the pages its rows need (102 MB for
 -- 200,000 children of 100-byte payloads, against 56 MB at 70). Every page
 -- is written at registration, set all-visible by a vacuum and written back
--- by a checkpoint, and at 40 the table and its indexes no longer fitted in a
--- default `shared_buffers` (128 MB) once a few hundred thousand children
--- were open. At 70 a page still has room for about a third of its children's
--- new versions (a failure, a skip, a result, a given-back child), which keep
--- to their page and log only the bytes that changed. Measured: Postgres CPU
--- per child over registration, settle and burn-down 40.5-48.2 µs against
--- 46.0-52.6 at 40 (three rounds, 2 x 100,000 children, the Node worker,
--- claims of 500). Applies to pages written from now on.
+-- by a checkpoint; with its indexes the table took 117 MB, most of a default
+-- `shared_buffers` (128 MB), against 71 MB at 70. At 70 a page still has
+-- room for about a third of its children's new versions (a failure, a skip,
+-- a result, a given-back child), which keep to their page and log only the
+-- bytes that changed. Measured: Postgres CPU per child over registration,
+-- settle and burn-down 40.5-48.2 µs against 44.5-52.6 at 40 (five rounds,
+-- 2 x 100,000 children, the Node worker, claims of 500). Applies to pages
+-- written from now on.
 ALTER TABLE child SET (fillfactor = 70);
