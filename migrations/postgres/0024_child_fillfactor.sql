@@ -6,11 +6,13 @@
 -- 200,000 children of 100-byte payloads, against 56 MB at 70). Every page
 -- is written at registration, set all-visible by a vacuum and written back
 -- by a checkpoint; with its indexes the table took 117 MB, most of a default
--- `shared_buffers` (128 MB), against 71 MB at 70. At 70 a page still has
--- room for about a third of its children's new versions (a failure, a skip,
--- a result, a given-back child), which keep to their page and log only the
--- bytes that changed. Measured: Postgres CPU per child over registration,
--- settle and burn-down 40.5-48.2 µs against 44.5-52.6 at 40 (five rounds,
--- 2 x 100,000 children, the Node worker, claims of 500). Applies to pages
--- written from now on.
+-- `shared_buffers` (128 MB), against 71 MB at 70. Measured: Postgres CPU per
+-- child over registration, settle and burn-down 40.5-48.2 µs against
+-- 44.5-52.6 at 40 (five rounds, 2 x 100,000 children, the Node worker,
+-- claims of 500). The outcomes that still write a new row version (a
+-- failure, a skip, a result, a given-back child) find less room on their
+-- page: with a result on every outcome a child's lifecycle logs 1,042 bytes
+-- of WAL against 888 at 40, and a terminal child takes 809 bytes against
+-- 755 (`benches/per_child.py`); without one a child takes 448 bytes against
+-- 705, and logs the same 525. Applies to pages written from now on.
 ALTER TABLE child SET (fillfactor = 70);
