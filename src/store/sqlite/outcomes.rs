@@ -213,6 +213,7 @@ pub(super) async fn apply_outcomes(tx: &mut SqliteTx, writes: &[OutcomeWrite]) -
     })
 }
 
+/// A write that won, as `APPLY_OUTCOMES` returns it: parent, sequence, new
 /// state, the state it settled from, the claim that held it, and its `changed_at`.
 type Won = (String, i64, String, String, Option<String>, String);
 
