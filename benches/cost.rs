@@ -168,6 +168,22 @@ impl Cost {
         }
     }
 
+    /// The mean of two runs of the same measure, figure by figure.
+    pub fn mean(a: &Self, b: &Self) -> Self {
+        let m = |x: f64, y: f64| (x + y) / 2.0;
+        Self {
+            children_per_second: m(a.children_per_second, b.children_per_second),
+            machine_us: m(a.machine_us, b.machine_us),
+            service_us: m(a.service_us, b.service_us),
+            postgres_us: m(a.postgres_us, b.postgres_us),
+            client_us: m(a.client_us, b.client_us),
+            wal_bytes: m(a.wal_bytes, b.wal_bytes),
+            buffers: m(a.buffers, b.buffers),
+            hot_share: m(a.hot_share, b.hot_share),
+            updates: m(a.updates, b.updates),
+        }
+    }
+
     pub fn line(&self, what: &str) -> String {
         format!(
             "{what}: {:.0} children/s; CPU µs per child: machine {:.1}, service {:.1}, postgres {:.1}, client {:.1}; \
