@@ -119,3 +119,119 @@ impl SqliteStore {
         Ok(done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::admission::ParentAdmission;
+    use crate::ledger::{ExpiredLease, NewChild, Outcome, Registration};
+    use crate::store::{Store, StoreOptions};
+
+    fn registration(parent_id: &str, children: i64) -> Registration {
+        Registration {
+            parent_id: ParentId::parse(parent_id).unwrap(),
+            queue: QueueName::parse("group").unwrap(),
+            payload: None,
+            decomposed: true,
+            max_attempts: None,
+            expired_lease: ExpiredLease::default(),
+            priority: 0,
+            webhook_url: None,
+            admission: ParentAdmission::default(),
+            tolerance: None,
+            children: (0..children)
+                .map(|sequence| NewChild {
+                    sequence,
+                    key: None,
+                    payload: serde_json::value::RawValue::from_string(format!("{{\"n\":{sequence}}}")).unwrap(),
+                    skip: None,
+                    traceparent: None,
+                    not_before: None,
+                })
+                .collect(),
+            fingerprint: format!("group-test-{parent_id}"),
+            traceparent: None,
+        }
+    }
+
+    /// Every child of `parent_id` failed, by no claim: each write rewrites its row.
+    fn failed(parent_id: &str, children: i64) -> Write {
+        Write::Outcomes(
+            (0..children)
+                .map(|sequence| OutcomeWrite {
+                    parent_id: ParentId::parse(parent_id).unwrap(),
+                    sequence,
+                    outcome: Outcome::Failed,
+                    reason: Some("boom".to_owned()),
+                    result: None,
+                    claim_id: None,
+                })
+                .collect(),
+        )
+    }
+
+    async fn failed_children(store: &SqliteStore, parent_id: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM child_status WHERE parent_id = ?1 AND state = 'failed'")
+            .bind(parent_id)
+            .fetch_one(&store.readers)
+            .await
+            .unwrap()
+    }
+
+    /// A group whose transaction fails is run again member by member: the
+    /// member that fails is answered its error, its neighbours are committed
+    /// and answered as if each had run alone; a group of one is answered the
+    /// error as it is.
+    #[tokio::test]
+    async fn a_failing_member_fails_alone() {
+        let dir = std::env::temp_dir().join(format!("group-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("ledger.db").display());
+        let ledger = Store::connect(&url).await.unwrap();
+        ledger.migrate().await.unwrap();
+        for parent_id in ["good", "bad", "later"] {
+            ledger.register(&registration(parent_id, 3)).await.unwrap();
+        }
+        let store = SqliteStore::connect(&url, &StoreOptions::default()).await.unwrap();
+        // Any write to one parent's children fails inside the statement.
+        sqlx::query(
+            "CREATE TRIGGER refuse_bad BEFORE UPDATE ON child WHEN old.parent_id = 'bad' \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        )
+        .execute(&store.writer)
+        .await
+        .unwrap();
+
+        let answers = store
+            .run_group(vec![failed("good", 3), failed("bad", 3), failed("later", 2)])
+            .await
+            .unwrap();
+        assert_eq!(answers.len(), 3);
+        let won = |answer: &StoreResult<Written>| match answer {
+            Ok(Written::Applied(applied)) => applied.won.len(),
+            Ok(Written::Claims(_)) => panic!("an outcome batch answered with claims"),
+            Err(err) => panic!("a member that did not fail was answered {err}"),
+        };
+        assert_eq!(won(&answers[0]), 3);
+        assert!(answers[1].is_err(), "the failing member was answered success");
+        assert_eq!(won(&answers[2]), 2);
+        assert_eq!(failed_children(&store, "good").await, 3);
+        assert_eq!(failed_children(&store, "bad").await, 0);
+        assert_eq!(failed_children(&store, "later").await, 2);
+        // The counters moved with the rows that did.
+        let counted: Vec<(String, i64)> = sqlx::query_as("SELECT parent_id, failed FROM parent ORDER BY parent_id")
+            .fetch_all(&store.readers)
+            .await
+            .unwrap();
+        assert_eq!(
+            counted,
+            vec![("bad".to_owned(), 0), ("good".to_owned(), 3), ("later".to_owned(), 2)]
+        );
+
+        // Alone, the failing write is answered its error; nothing of it is kept.
+        assert!(store.run_group(vec![failed("bad", 1)]).await.is_err());
+        assert_eq!(failed_children(&store, "bad").await, 0);
+        drop((store, ledger));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
