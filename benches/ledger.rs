@@ -1201,6 +1201,18 @@ fn peer_scenarios(peer: &PeerResult, fresh: f64, fresh_500: f64) -> [Scenario; 2
     ]
 }
 
+/// Runs a cost window twice, `what` and `what, again`, each one's line in
+/// `lines`; both runs, in turn.
+async fn twice(lines: &mut Vec<String>, what: &str, window: impl AsyncFn() -> cost::Cost) -> [cost::Cost; 2] {
+    let mut run = async |again: &str| {
+        eprintln!("cost: {what}{again} ...");
+        let cost = window().await;
+        lines.push(cost.line(&format!("{what}{again}")));
+        cost
+    };
+    [run("").await, run(", again").await]
+}
+
 /// `cost.*` (issue 28): what one child costs on Postgres and SQLite with a
 /// plain Node worker, beside graphile-worker draining as many jobs, and beside
 /// another build's service (`--baseline-bin`) measured the same way in the
@@ -1221,13 +1233,10 @@ async fn cost_scenarios(args: &Args, sizes: &Sizes) -> Vec<Scenario> {
     // alike.
     let (ours, before) = match &args.baseline_bin {
         Some(bin) => {
-            let mut theirs = Vec::new();
-            for run in ["", ", again"] {
-                eprintln!("cost: the baseline build {bin}, claims of 500{run} ...");
-                let before = cost::ours_on_postgres(&args.admin_url, Some(bin), n, 500, two).await;
-                lines.push(before.line(&format!("baseline build, claims of 500{run}")));
-                theirs.push(before);
-            }
+            let theirs = twice(&mut lines, "baseline build, claims of 500", async || {
+                cost::ours_on_postgres(&args.admin_url, Some(bin), n, 500, two).await
+            })
+            .await;
             eprintln!("cost: claims of 500, again ...");
             let again = cost::ours_on_postgres(&args.admin_url, None, n, 500, two).await;
             lines.push(again.line("ours, claims of 500, again"));
@@ -1250,13 +1259,10 @@ async fn cost_scenarios(args: &Args, sizes: &Sizes) -> Vec<Scenario> {
     lines.push(ours_100_one.line("ours, claims of 100, one request a chunk"));
     // SQLite's service CPU is measured twice as well, and reported by its
     // mean: one window moved by as much as 4 µs of 25 between runs.
-    let mut sqlite_runs = Vec::new();
-    for run in ["", ", again"] {
-        eprintln!("cost: SQLite, claims of 500{run} ...");
-        let sqlite = cost::ours_on_sqlite(n, 500, two).await;
-        lines.push(sqlite.line(&format!("ours on SQLite, claims of 500{run}")));
-        sqlite_runs.push(sqlite);
-    }
+    let sqlite_runs = twice(&mut lines, "ours on SQLite, claims of 500", async || {
+        cost::ours_on_sqlite(n, 500, two).await
+    })
+    .await;
     let sqlite = cost::Cost::mean(&sqlite_runs[0], &sqlite_runs[1]);
     lines.push(sqlite.line("ours on SQLite, claims of 500, the mean of both runs"));
     eprintln!("cost: SQLite, claims of 500, one request a chunk ...");

@@ -492,6 +492,62 @@ async fn a_lease_recorded_in_part(backend: Backend) {
     assert_eq!(r.body["changes"], json!([]), "the projection is the ledger: {r:?}");
 }
 
+/// A claim's whole batch after one of its children was recorded failed: the
+/// batch names every child its lease was given, but the lease no longer
+/// holds them all, so the failed one loses and stays as it was; the rest are
+/// recorded, the lease ends and the counts and the ledger agree.
+async fn a_whole_batch_after_a_failure(backend: Backend) {
+    let app = spawn_app(backend).await;
+    register(&app, "P-whole", json!({"children": children(4)})).await;
+    let a = claim(&app, "P-whole", 10, 300, "worker-a").await;
+    assert_eq!(sequences(&a), [0, 1, 2, 3]);
+    let r = app
+        .post(
+            "/v1/parents/P-whole/children/1/outcome",
+            json!({"outcome": "failed", "reason": "bad input", "claim_id": claim_id(&a)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+
+    let all: Vec<Value> = (0..4)
+        .map(|sequence| {
+            json!({"parent_id": "P-whole", "sequence": sequence, "outcome": "processed", "claim_id": claim_id(&a)})
+        })
+        .collect();
+    let r = app.post("/v1/outcomes", json!({ "outcomes": all })).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let statuses: Vec<&str> = r.body["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|result| result["status"].as_str().expect("status"))
+        .collect();
+    assert_eq!(statuses, ["applied", "conflict", "applied", "applied"], "{r:?}");
+
+    let failed = get_child(&app, "P-whole", 1).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["reason"], "bad input", "{failed}");
+    assert_eq!(failed["conflict_count"], 1, "{failed}");
+    for sequence in [0, 2, 3] {
+        let child = get_child(&app, "P-whole", sequence).await;
+        assert_eq!(child["state"], "processed", "{child}");
+        assert_eq!(child["claim_id"], claim_id(&a), "{child}");
+        assert_eq!(child["claimed_by"], "worker-a", "{child}");
+    }
+    assert_eq!(
+        get_parent(&app, "P-whole").await["counts"],
+        json!({"total": 4, "processed": 3, "failed": 1, "skipped": 0, "pending": 0, "in_flight": 0, "held": 0})
+    );
+    // The lease ended with its last child: nothing is left to give back.
+    let released = release(&app, claim_id(&a), json!({})).await;
+    assert_eq!(released["released"], 0, "{released}");
+    let r = app
+        .post("/v1/parents/P-whole/reconcile", json!({"dry_run": true}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.body["changes"], json!([]), "the projection is the ledger: {r:?}");
+}
+
 /// A claim recorded in part whose lease then runs out, on a parent that
 /// holds expired children: only the unrecorded ones are held; the children
 /// search finds each child in its state while the lease is live and after;
@@ -683,6 +739,7 @@ both_stores!(
     hold_policy_waits_for_a_decision,
     lower_child_pending_again_comes_first,
     a_lease_recorded_in_part,
+    a_whole_batch_after_a_failure,
     a_held_lease_recorded_in_part,
     a_lease_recorded_in_part_reads_alike_everywhere,
 );

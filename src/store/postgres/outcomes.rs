@@ -72,7 +72,14 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// first: a lease is what every writer of its children (outcomes, expiry,
 /// release, cancellation) serializes on, and a lease that changed while the
 /// statement waited for it is read as it is now. `seen` is each write with
-/// its child and the lease that lists it, read once.
+/// its child and the lease that lists it, read once. The usual batch (`whole`)
+/// is all of one claim's children on the parent, processed, without a reason
+/// or a result, below the floor, and the only lease its range meets lists
+/// exactly them with none of them settled (its `open` count is all of
+/// them: every writer that settles a leased child counts it out of its lease
+/// in the statement that settles it). Those children are in flight, so their
+/// rows are not read (a child row looked up by key per write was about a
+/// third of the statement's time with 500 writes).
 ///
 /// A processed outcome from the claim whose lease holds the child, without
 /// a reason or a result, does not rewrite the row (`quiet`, migration
@@ -113,19 +120,37 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
                  WITH ORDINALITY AS u(parent_id, sequence, outcome, reason, result, claim_id, i)), \
          ln AS (SELECT floor FROM lane WHERE parent_id = $7), \
          held AS MATERIALIZED ( \
-             SELECT l.claim_id, l.worker, l.expires_at, l.lo, l.hi, s.sequences, \
+             SELECT l.claim_id, l.worker, l.expires_at, l.lo, l.hi, l.open, s.sequences, \
                  l.sequences IS NULL OR cardinality(s.sequences) = l.hi - l.lo + 1 AS dense \
              FROM claim_lease l, LATERAL (SELECT coalesce(l.sequences, '{{}}'::bigint[]) AS sequences) s \
              WHERE l.parent_id = $7 AND l.lo <= (SELECT max(sequence) FROM input) \
                AND l.hi >= (SELECT min(sequence) FROM input) \
              ORDER BY l.claim_id FOR NO KEY UPDATE OF l), \
+         whole AS MATERIALIZED ( \
+             SELECT coalesce(( \
+                 SELECT h.dense AND h.open = h.hi - h.lo + 1 AND i.n = h.open AND i.distinct_n = i.n \
+                     AND i.lo = h.lo AND i.hi = h.hi \
+                     AND i.quiet AND (SELECT count(*) FROM held) = 1 \
+                     AND (SELECT coalesce(h.hi < floor, true) FROM ln) \
+                 FROM held h, ( \
+                     SELECT count(*) AS n, count(DISTINCT sequence) AS distinct_n, min(sequence) AS lo, \
+                         max(sequence) AS hi, bool_and(outcome = 'processed' AND reason IS NULL AND result IS NULL \
+                             AND claim_id = (SELECT claim_id FROM held LIMIT 1)) IS TRUE AS quiet \
+                     FROM input) i \
+                 LIMIT 1), false) AS whole), \
          seen AS MATERIALIZED ( \
+             SELECT u.parent_id, u.sequence, u.outcome, u.reason, u.result, u.claim_id, 'pending' AS state, \
+                 true AS leased, h.claim_id AS h_claim, h.worker AS h_worker, h.expires_at AS h_expires, \
+                 true AS admitted \
+             FROM input u, held h WHERE (SELECT whole FROM whole) \
+             UNION ALL ( \
              SELECT DISTINCT ON (u.sequence) u.parent_id, u.sequence, u.outcome, u.reason, u.result, u.claim_id, \
                  c.state, {leased} AS leased, h.claim_id AS h_claim, h.worker AS h_worker, \
                  h.expires_at AS h_expires, {fenced} AS admitted \
              FROM input u JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence \
                  LEFT JOIN held h ON u.sequence BETWEEN h.lo AND h.hi AND (h.dense OR u.sequence = ANY (h.sequences)) \
-             ORDER BY u.sequence, u.i), \
+             WHERE NOT (SELECT whole FROM whole) \
+             ORDER BY u.sequence, u.i)), \
          tolerant AS ( \
              SELECT 1 FROM parent WHERE NOT $9 AND parent_id = $7 \
                AND (tolerated_count IS NOT NULL OR tolerated_percent IS NOT NULL)), \
