@@ -226,8 +226,8 @@ fn busiest_second(grants: &[(DateTime<Utc>, i64)]) -> i64 {
 
 /// Eight claimers on two replicas over keys capped at `KEY_CAP`, until
 /// `claims` claims were made: (samples above the cap, the most in flight
-/// seen for one key, samples taken, claims made).
-async fn capped(admin_url: &str, claims: u64) -> (u64, i64, u64, u64) {
+/// seen for one key, samples taken, claims made, seconds the claims took).
+async fn capped(admin_url: &str, claims: u64) -> (u64, i64, u64, u64, f64) {
     let db = ScratchDb::create(admin_url, "admcap").await;
     let one = Service::start(&db.url).await;
     let two = Service::start(&db.url).await;
@@ -238,6 +238,7 @@ async fn capped(admin_url: &str, claims: u64) -> (u64, i64, u64, u64) {
     let made = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let started = Instant::now();
     let sampler = {
         let (url, done) = (db.url.clone(), Arc::clone(&done));
         tokio::spawn(async move {
@@ -286,12 +287,13 @@ async fn capped(admin_url: &str, claims: u64) -> (u64, i64, u64, u64) {
     for w in workers {
         w.await.unwrap();
     }
+    let seconds = started.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     let (over, most, samples) = sampler.await.unwrap();
     one.stop().await;
     two.stop().await;
     db.drop_now().await;
-    (over, most, samples, claims)
+    (over, most, samples, claims, seconds)
 }
 
 pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) -> Vec<Scenario> {
@@ -336,9 +338,12 @@ pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) 
     );
 
     eprintln!("admission.cap_violations: {claims} claims by 8 workers on 2 replicas, keys capped at {KEY_CAP} ...");
-    let (over, most, samples, made) = capped(admin_url, claims).await;
+    let (over, most, samples, made, seconds) = capped(admin_url, claims).await;
     eprintln!(
-        "admission.cap_violations: {samples} samples, {over} above the cap, most seen in flight for a key {most}"
+        "admission.cap_violations: {made} claims in {seconds:.1} s ({:.0}/s), {samples} samples ({:.0}/s), \
+         {over} above the cap, most seen in flight for a key {most}",
+        made as f64 / seconds,
+        samples as f64 / seconds
     );
     vec![
         Scenario::new("admission.unbound", "children/s", bound.rate)
@@ -368,7 +373,7 @@ pub(super) async fn admission_scenarios(admin_url: &str, n: usize, claims: u64) 
         Scenario::new(
             "admission.cap_violations",
             &format!(
-                "samples above the cap ({samples} samples over {made} claims; most in flight for a key {most}, cap {KEY_CAP})"
+                "samples above the cap ({samples} samples over {made} claims in {seconds:.0} s; most in flight for a key {most}, cap {KEY_CAP})"
             ),
             over as f64,
         )

@@ -22,6 +22,12 @@ service's connection options (default sslmode=disable, as the cost bench).
     python3 benches/statements.py [N] [BATCH]          # 100000 500
     LOOPS=1 python3 benches/statements.py 60000 500     # no lock waits
     CHILD_LEDGER=/tmp/other-build python3 benches/statements.py
+    LIMITS=1 python3 benches/statements.py 200000 100  # keyed, limits that never bind
+
+PARENTS=40 spreads the children over 40 parents (default 2); KEYED=1 keys
+parent p with flow key k(p % 20), as the admission bench does; LIMITS=1 keys
+them and sets the limits of its `admission.unbound` (so high they never
+bind) on the queue first.
 
 Needs psql, node (npm ci in benches/peers) and a Postgres at ADMIN_ROOT
 (trust auth) with pg_stat_statements in shared_preload_libraries:
@@ -35,6 +41,9 @@ BINARY = os.environ.get("CHILD_LEDGER", "target/release/child-ledger")
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 BATCH = sys.argv[2] if len(sys.argv) > 2 else "500"
 LOOPS = os.environ.get("LOOPS", "8")
+LIMITS = os.environ.get("LIMITS") == "1"
+KEYED = LIMITS or os.environ.get("KEYED") == "1"
+PARENTS = int(os.environ.get("PARENTS", "2"))
 DB = f"statements_{os.getpid()}"
 HERE = os.path.dirname(os.path.abspath(__file__))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -96,13 +105,21 @@ try:
         except Exception:
             time.sleep(0.1)
     body = "abcdefghijklmnopqrstuvwxyz" * 3
-    bodies = [json.dumps({"queue": "cost", "decomposed": True, "children": [
-        {"payload": {"event": i, "source": "bench", "body": body}} for i in range(N // 2)]}).encode()] * 2
+    bodies = [json.dumps({"queue": "cost", "decomposed": True, **({"flow_key": f"k{p % 20}"} if KEYED else {}),
+                          "children": [{"payload": {"event": i, "source": "bench", "body": body}}
+                                       for i in range(N // PARENTS)]}).encode() for p in range(PARENTS)]
+    if LIMITS:
+        high = {"max_in_flight": 1_000_000_000, "per_second": 1_000_000, "burst": 1_000_000_000}
+        r = urllib.request.Request(f"{base}/v1/queues/cost/limits", method="PUT",
+                                   headers={"content-type": "application/json"},
+                                   data=json.dumps({**high, "per_key": high}).encode())
+        urllib.request.urlopen(r, timeout=60).read()
     psql("CHECKPOINT")
-    print(f"{N} children, claims of {BATCH}, {LOOPS} loops")
+    print(f"{N} children in {PARENTS} parents{', keyed' if KEYED else ''}, claims of {BATCH}, {LOOPS} loops"
+          + (", limits that never bind" if LIMITS else ""))
 
     def register():
-        for name, data in zip(("cost-a", "cost-b"), bodies):
+        for name, data in ((f"cost-{p}", data) for p, data in enumerate(bodies)):
             r = urllib.request.Request(f"{base}/v1/parents/{name}", method="PUT",
                                        headers={"content-type": "application/json"}, data=data)
             urllib.request.urlopen(r, timeout=600).read()
@@ -113,22 +130,27 @@ try:
         statements = True
     except subprocess.CalledProcessError:
         statements = False
+    wal_io = "SELECT wal_write, wal_sync FROM pg_stat_wal"
+    io0 = [int(x) for x in psql(wal_io).split()]
     t0 = time.time()
     phase("burn-down", lambda: subprocess.run(
         ["node", os.path.join(HERE, "peers", "ledger.mjs"), "--base", base, "--queue", "cost", "--batch", BATCH,
          "--concurrency", LOOPS, "--children", str(N)], check=True, stdout=subprocess.DEVNULL))
-    print(f"{'':>12}  {N / (time.time() - t0):,.0f} children/s")
+    io1 = [int(x) for x in psql(wal_io).split()]
+    claims = N / int(BATCH)
+    print(f"{'':>12}  {N / (time.time() - t0):,.0f} children/s; WAL writes {(io1[0] - io0[0]) / claims:.2f} "
+          f"and syncs {(io1[1] - io0[1]) / claims:.2f} per claim")
     phase("checkpoint", lambda: psql("CHECKPOINT"))
     if statements:
-        rows = psql(f"""SELECT calls, total_exec_time + total_plan_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
+        rows = psql(f"""SELECT calls, total_exec_time + total_plan_time, plans, total_plan_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
                          wal_bytes, wal_fpi, regexp_replace(left(query, 60), '\\s+', ' ', 'g')
                      FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-                     WHERE d.datname = '{DB}' ORDER BY total_exec_time DESC LIMIT 8""")
-        print("| calls | exec (+ plan) µs per child | buffers per child | dirtied per child | WAL B per child | FPI | statement |")
+                     WHERE d.datname = '{DB}' ORDER BY total_exec_time DESC LIMIT 12""")
+        print("| calls | plans | plan µs per child | exec (+ plan) µs per child | buffers per child | dirtied per child | WAL B per child | FPI | statement |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for line in rows.splitlines():
-            calls, ms, blocks, dirtied, wal_bytes, fpi, query = line.split("\t")
-            print(f"| {calls} | {float(ms) * 1000 / N:.1f} | {int(blocks) / N:.2f} | {int(dirtied) / N:.3f} "
+            calls, ms, plans, plan_ms, blocks, dirtied, wal_bytes, fpi, query = line.split("\t")
+            print(f"| {calls} | {plans} | {float(plan_ms) * 1000 / N:.2f} | {float(ms) * 1000 / N:.1f} | {int(blocks) / N:.2f} | {int(dirtied) / N:.3f} "
                   f"| {int(wal_bytes) / N:.0f} | {fpi} | `{query.strip()}…` |")
     else:
         print("(pg_stat_statements is not loaded: no per-statement figures)")
