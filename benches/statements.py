@@ -141,6 +141,12 @@ try:
     print(f"{'':>12}  {N / (time.time() - t0):,.0f} children/s; WAL writes {(io1[0] - io0[0]) / claims:.2f} "
           f"and syncs {(io1[1] - io0[1]) / claims:.2f} per claim")
     phase("checkpoint", lambda: psql("CHECKPOINT"))
+    tables = psql("""SELECT relname, pg_relation_size(relid) / 8192, n_tup_upd, n_tup_hot_upd, n_dead_tup
+                     FROM pg_stat_user_tables WHERE relname IN ('flow_limit', 'claim_lease', 'lane', 'parent')
+                     ORDER BY relname""")
+    for line in tables.splitlines():
+        name, pages, upd, hot, dead = line.split("\t")
+        print(f"{name:>12}: {pages} pages, {upd} updates ({hot} HOT), {dead} dead rows")
     if statements:
         rows = psql(f"""SELECT calls, total_exec_time + total_plan_time, plans, total_plan_time, shared_blks_hit + shared_blks_read, shared_blks_dirtied,
                          wal_bytes, wal_fpi, regexp_replace(left(query, 60), '\\s+', ' ', 'g')

@@ -1,0 +1,12 @@
+-- A claim in a keyed queue stamps its key's `flow_limit` row served, and in
+-- a queue with a rate it writes the queue's own row and its key's tokens:
+-- one or two row updates per claim. `served` was indexed
+-- (`flow_limit_served`), so none of them was a HOT update: each left a dead
+-- row version and index entries that only a vacuum reclaims, and every
+-- claim's reads of the table (the lane's turn, the keys' order, the gates)
+-- walked a table that grew by a version per claim (with autovacuum off,
+-- 2,000 claims of 100 left the 21 rows of one queue across many pages).
+-- Without the index the updates are HOT, and each page is pruned in place.
+-- The index served one read, the highest `served` of a queue, which now
+-- reads the queue's rows by the primary key: one row per key of the queue.
+DROP INDEX flow_limit_served;
