@@ -44,6 +44,8 @@ LOOPS = os.environ.get("LOOPS", "8")
 LIMITS = os.environ.get("LIMITS") == "1"
 KEYED = LIMITS or os.environ.get("KEYED") == "1"
 PARENTS = int(os.environ.get("PARENTS", "2"))
+if N % PARENTS or N // PARENTS > 100_000:
+    sys.exit(f"{N} children do not split into {PARENTS} parents of at most 100,000 each")
 DB = f"statements_{os.getpid()}"
 HERE = os.path.dirname(os.path.abspath(__file__))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -153,7 +155,7 @@ try:
                      FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                      WHERE d.datname = '{DB}' ORDER BY total_exec_time DESC LIMIT 12""")
         print("| calls | plans | plan µs per child | exec (+ plan) µs per child | buffers per child | dirtied per child | WAL B per child | FPI | statement |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- " * 9 + "|")
         for line in rows.splitlines():
             calls, ms, plans, plan_ms, blocks, dirtied, wal_bytes, fpi, query = line.split("\t")
             print(f"| {calls} | {plans} | {float(plan_ms) * 1000 / N:.2f} | {float(ms) * 1000 / N:.1f} | {int(blocks) / N:.2f} | {int(dirtied) / N:.3f} "
