@@ -70,14 +70,19 @@ static GATES: Sql = Sql::new(|d| {
 /// `$5` the key's; NULL: as they are), refilled at `$6` (never earlier than
 /// they were: a bucket refills once for each moment); the key's row, or
 /// the queue's own when `$7` (a lane without a key: those take their turn
-/// as one key), is stamped served after every other row of the queue.
-const SPEND: &str = "UPDATE flow_limit SET \
-    tokens = coalesce(CASE WHEN flow_key = '' THEN $4 ELSE $5 END, tokens), \
-    refilled_at = CASE WHEN (CASE WHEN flow_key = '' THEN $4 ELSE $5 END) IS NULL OR refilled_at >= $6 \
-        THEN refilled_at ELSE $6 END, \
-    served = CASE WHEN flow_key <> '' OR $7 \
-        THEN (SELECT coalesce(max(f.served), 0) + 1 FROM flow_limit f WHERE f.queue = $1) ELSE served END \
-    WHERE queue = $1 AND (flow_key = $2 OR flow_key = $3)";
+/// as one key), is stamped served after every other row of the queue
+/// (`Dialect::flow_served`).
+static SPEND: Sql = Sql::new(|d| {
+    format!(
+        "UPDATE flow_limit SET \
+             tokens = coalesce(CASE WHEN flow_key = '' THEN $4 ELSE $5 END, tokens), \
+             refilled_at = CASE WHEN (CASE WHEN flow_key = '' THEN $4 ELSE $5 END) IS NULL OR refilled_at >= $6 \
+                 THEN refilled_at ELSE $6 END, \
+             served = CASE WHEN flow_key <> '' OR $7 THEN {} ELSE served END \
+         WHERE queue = $1 AND (flow_key = $2 OR flow_key = $3)",
+        d.flow_served
+    )
+});
 
 /// A lane's place under its queue's limits: read by `Admission::read`.
 #[derive(Debug, Clone, Default)]
@@ -187,8 +192,9 @@ impl Admission {
         if !own_row && flow_key.is_none() {
             return Ok(());
         }
+        let d = tx.dialect();
         tx.execute(
-            Statement::new(SPEND)
+            Statement::new(SPEND.of(d))
                 .text(queue)
                 .text(own_row.then_some(""))
                 .text(flow_key)

@@ -103,6 +103,11 @@ pub(crate) struct Dialect {
     pub unflushed_commit: Option<&'static str>,
     /// Appended to a subquery picking rows another transaction may be taking.
     pub skip_locked: &'static str,
+    /// A stamp later than every `flow_limit.served` of queue `$1`: Postgres
+    /// draws it from a sequence (`flow_limit_served`, migration 0026), in
+    /// one step however many keys the queue has; SQLite reads the queue's
+    /// highest by its index.
+    pub flow_served: &'static str,
     /// The larger of two values.
     pub greatest: &'static str,
     /// The clock `param` seconds (a float parameter) from now.

@@ -14,6 +14,7 @@ pub(super) static POSTGRES: Dialect = Dialect {
     for_update: " FOR UPDATE",
     unflushed_commit: Some("set_config('synchronous_commit', 'off', true)"),
     skip_locked: " FOR UPDATE SKIP LOCKED",
+    flow_served: "nextval('flow_limit_served')",
     greatest: "greatest",
     later: |p| format!("(now() + make_interval(secs => {p}))"),
     ago: |p| format!("(now() - make_interval(secs => {p}))"),

@@ -56,6 +56,7 @@ static SQLITE: Dialect = Dialect {
     for_update: "",
     unflushed_commit: None,
     skip_locked: "",
+    flow_served: "(SELECT coalesce(max(f.served), 0) + 1 FROM flow_limit f WHERE f.queue = $1)",
     greatest: "max",
     later: |p| now_by(&format!("'+' || {p} || ' seconds'")),
     ago: |p| now_by(&format!("'-' || {p} || ' seconds'")),
