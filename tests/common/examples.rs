@@ -1,5 +1,7 @@
-//! The example workers (examples/python, examples/node, examples/typescript)
-//! as tests run them: Python and Node as they are, TypeScript compiled with
+//! The raw-protocol workers as tests run them (examples/node/worker.mjs, the
+//! reference loop for other languages, and its Python and TypeScript twins
+//! kept as contract tests in tests/workers/; the SDKs in sdk/ replace them
+//! for users): Python and Node as they are, TypeScript compiled with
 //! `tsc --strict` against the types openapi-typescript generates from
 //! openapi/openapi.json (`.ci/clients` installs tsc and writes them to
 //! `target/clients/typescript`). Without them the TypeScript worker is left out
@@ -30,7 +32,7 @@ pub async fn examples(dir: &Path) -> Vec<Example> {
         Example {
             lang: "python",
             program: "python3",
-            script: root().join("examples/python/worker.py"),
+            script: root().join("tests/workers/python/worker.py"),
         },
         Example {
             lang: "node",
@@ -48,7 +50,7 @@ pub async fn examples(dir: &Path) -> Vec<Example> {
     examples
 }
 
-/// Compiles examples/typescript/worker.ts with `tsc --strict` (its
+/// Compiles tests/workers/typescript/worker.ts with `tsc --strict` (its
 /// tsconfig.json) into `dir`; `None`, after a loud message, when the generated
 /// types or tsc are missing and nothing requires them.
 async fn compile_typescript(dir: &Path) -> Option<PathBuf> {
@@ -72,7 +74,7 @@ async fn compile_typescript(dir: &Path) -> Option<PathBuf> {
     let out = dir.join("typescript");
     let output = Command::new(&tsc)
         .arg("-p")
-        .arg(root().join("examples/typescript"))
+        .arg(root().join("tests/workers/typescript"))
         .arg("--outDir")
         .arg(&out)
         .output()
@@ -80,7 +82,7 @@ async fn compile_typescript(dir: &Path) -> Option<PathBuf> {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", tsc.display()));
     assert!(
         output.status.success(),
-        "tsc --strict refuses examples/typescript/worker.ts:\n{}{}",
+        "tsc --strict refuses tests/workers/typescript/worker.ts:\n{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );

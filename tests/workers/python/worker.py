@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""An example child-ledger worker: Python 3.9+, standard library only.
+"""A raw-protocol child-ledger worker: Python 3.9+, standard library only.
+
+A contract test kept beside examples/node/worker.mjs (users take the SDK in
+sdk/python instead).
 
     python3 worker.py --queue events [--url http://127.0.0.1:8080] [--token T] [--exit-when-empty]
 
