@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use crate::access::QueueScope;
 use crate::ledger::{QueueName, SweepReport};
-use crate::store::{Store, StoreOptions, SweepQuery, backend_of};
+use crate::store::{Store, StoreOptions, SweepQuery, backend_of, permanent_connect_error};
 
 /// Parents the command-line sweep checks per call: how often it reports progress.
 const PAGE: i64 = 500;
@@ -29,9 +29,16 @@ pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
     }
 }
 
+/// Connects once; an error no retry can fix says what to change, as `serve`
+/// says it.
 async fn connect(database_url: &str, options: &StoreOptions) -> anyhow::Result<Store> {
     backend_of(database_url).context("unsupported DATABASE_URL: use postgres://… or sqlite://…")?;
-    Store::connect_with(database_url, options).await
+    Store::connect_with(database_url, options)
+        .await
+        .map_err(|err| match permanent_connect_error(&err) {
+            Some(what_to_change) => anyhow::anyhow!("cannot use the database: {what_to_change}"),
+            None => err,
+        })
 }
 
 /// `migrate`: applies the migrations and says so on stderr.

@@ -69,10 +69,17 @@ where
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve HTTP (the default: `child-ledger [FLAGS]` is `child-ledger serve [FLAGS]`).
-    #[command(after_help = "Examples:\n  \
+    #[command(
+        after_help = "`-h` shows the common flags; `--help` shows every flag, with details.\n\n\
+        Examples:\n  \
         child-ledger serve                        # 127.0.0.1:8080, SQLite file child-ledger.db\n  \
         child-ledger serve --listen 0.0.0.0:8080 --tokens-file tokens.json\n  \
-        DATABASE_URL=postgres://ledger@db/ledger child-ledger")]
+        DATABASE_URL=postgres://ledger@db/ledger child-ledger",
+        after_long_help = "Examples:\n  \
+        child-ledger serve                        # 127.0.0.1:8080, SQLite file child-ledger.db\n  \
+        child-ledger serve --listen 0.0.0.0:8080 --tokens-file tokens.json\n  \
+        DATABASE_URL=postgres://ledger@db/ledger child-ledger"
+    )]
     Serve(Box<Config>),
     /// Manage access tokens.
     #[command(after_help = "Examples:\n  child-ledger token new --name ingest --role producer --queue events")]
@@ -106,6 +113,8 @@ pub enum Command {
         database: DatabaseArgs,
     },
     /// Completion webhooks: the per-queue signing secrets.
+    #[command(after_help = "Examples:\n  \
+        LEDGER_WEBHOOK_SECRET=whsec_... child-ledger webhook secret --queue events")]
     Webhook {
         #[command(subcommand)]
         command: WebhookCommand,
@@ -156,8 +165,10 @@ pub enum TokenCommand {
 
 /// Where the ledger is: what `serve`, `migrate` and `reconcile` connect to.
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Database")]
 pub struct DatabaseArgs {
-    /// `sqlite://path` (created if missing) or `postgres://...`.
+    /// `sqlite://path` (created if missing) or `postgres://...`
+    ///
     /// Its value is never shown (`--help` hides it): it may hold a password.
     #[arg(
         long,
@@ -166,27 +177,40 @@ pub struct DatabaseArgs {
         default_value = "sqlite://child-ledger.db"
     )]
     pub database_url: String,
-    /// What sits between the service and Postgres: `none` (a direct
+    /// What sits between the service and Postgres
+    ///
+    /// `none` (a direct
     /// connection), or `transaction`, a pooler in transaction-pooling mode
     /// such as PgBouncer's `pool_mode = transaction`. In that mode no statement
     /// is prepared by name, every setting is `SET LOCAL` and every statement
     /// runs in a transaction, so no session state outlives it.
     #[arg(long, env = "LEDGER_DB_POOLER", value_enum, default_value_t = DbPooler::None)]
     pub db_pooler: DbPooler,
+    /// A direct Postgres URL (not through the pooler), for LISTEN and migrations
+    ///
     /// A direct connection to Postgres (not through the pooler) for what needs
     /// a session of its own: `LISTEN`, which wakes long polls across replicas,
     /// and migrations. Only with `--db-pooler transaction`; without it, long
     /// polls wake on their periodic recheck and migrations must be applied
     /// with `child-ledger migrate` against Postgres directly.
-    #[arg(long, env = "LEDGER_LISTEN_DATABASE_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "LEDGER_LISTEN_DATABASE_URL",
+        hide_env_values = true,
+        hide_short_help = true
+    )]
     pub listen_database_url: Option<String>,
+    /// Most database connections this process opens
+    ///
     /// Most database connections this process opens for requests (on Postgres
     /// one more is held for `LISTEN`).
     #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
+    /// Longest one database statement may run
+    ///
     /// Longest one database statement may run (Postgres `statement_timeout`;
     /// a transaction left idle ends after twice that).
-    #[arg(long, env = "LEDGER_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LEDGER_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..), hide_short_help = true)]
     pub statement_timeout_seconds: u64,
 }
 
@@ -214,52 +238,94 @@ impl DatabaseArgs {
     }
 }
 
-/// What `serve` is told.
+/// What `serve` is told, under the headings `serve --help` shows: server,
+/// database, access, limits, webhooks, observability, retention.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
-    /// Address to serve HTTP on.
-    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:8080")]
+    /// Address to serve HTTP on
+    #[arg(
+        long,
+        env = "LEDGER_LISTEN",
+        default_value = "127.0.0.1:8080",
+        help_heading = "Server"
+    )]
     pub listen: SocketAddr,
     #[command(flatten)]
     pub database: DatabaseArgs,
-    /// How often expired leases are swept to pending, held or failed.
-    #[arg(long, env = "LEDGER_REAP_INTERVAL_MS", default_value_t = 1000)]
+    /// How often expired leases are swept to pending, held or failed
+    #[arg(
+        long,
+        env = "LEDGER_REAP_INTERVAL_MS",
+        default_value_t = 1000,
+        help_heading = "Server",
+        hide_short_help = true
+    )]
     pub reap_interval_ms: u64,
-    /// Complete parents whose `completed_at` is older than this are deleted
-    /// with their children by a background pruner; 0 keeps them forever.
-    #[arg(long, env = "LEDGER_RETAIN_COMPLETE_SECONDS", default_value_t = 0)]
-    pub retain_complete_seconds: u64,
-    /// Longest a request may run before it is answered 503.
-    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT_SECONDS", default_value_t = 60)]
+    /// Longest a request may run before it is answered 503
+    #[arg(
+        long,
+        env = "LEDGER_REQUEST_TIMEOUT_SECONDS",
+        default_value_t = 60,
+        help_heading = "Server",
+        hide_short_help = true
+    )]
     pub request_timeout_seconds: u64,
+    /// Disconnect a client that has not sent its request head by then
+    ///
     /// A client must send each request head (the first, and the next one on a
     /// kept-alive connection) within this long, or it is disconnected.
-    #[arg(long, env = "LEDGER_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LEDGER_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Server", hide_short_help = true)]
     pub header_read_timeout_seconds: u64,
-    /// Most open connections; more are closed as they are accepted.
-    #[arg(long, env = "LEDGER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Most open connections; more are closed as they are accepted
+    #[arg(long, env = "LEDGER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Server", hide_short_help = true)]
     pub max_connections: u64,
+    /// After SIGTERM, how long in-flight requests get to finish
+    ///
     /// After SIGTERM, how long in-flight requests get to finish before the process exits anyway.
-    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE_SECONDS", default_value_t = 25)]
+    #[arg(
+        long,
+        env = "LEDGER_SHUTDOWN_GRACE_SECONDS",
+        default_value_t = 25,
+        help_heading = "Server"
+    )]
     pub shutdown_grace_seconds: u64,
-    /// Log lines as text (coloured only on a terminal) or one JSON object per line.
-    #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// JSON file of hashed bearer tokens, their roles and queues (SIGHUP re-reads)
+    ///
     /// JSON file of hashed bearer tokens with their roles and queues (see
-    /// README, "Access control"); re-read on SIGHUP. Without it the service is
+    /// docs/access-control.md); re-read on SIGHUP. Without it the service is
     /// open to anyone who can reach it.
-    #[arg(long, env = "LEDGER_TOKENS_FILE")]
+    #[arg(long, env = "LEDGER_TOKENS_FILE", help_heading = "Access")]
     pub tokens_file: Option<PathBuf>,
     /// Serve without a tokens file on an address other than loopback
+    ///
+    /// Serve without a tokens file on an address other than loopback
     /// (only behind something else that authenticates callers).
-    #[arg(long, env = "LEDGER_ALLOW_ANONYMOUS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    #[arg(long, env = "LEDGER_ALLOW_ANONYMOUS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue, help_heading = "Access")]
     pub allow_anonymous: bool,
     #[command(flatten)]
     pub limits: Limits,
     #[command(flatten)]
-    pub reconcile_jobs: ReconcileJobConfig,
-    #[command(flatten)]
     pub webhooks: WebhookConfig,
+    /// Log lines as text or JSON (RUST_LOG filters; OTEL_* exports traces)
+    ///
+    /// Log lines as text (coloured only on a terminal) or one JSON object per
+    /// line. `RUST_LOG` filters them (default `info`); the standard `OTEL_*`
+    /// variables (`OTEL_EXPORTER_OTLP_ENDPOINT`) export traces over OTLP.
+    #[arg(long, env = "LEDGER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = "Observability")]
+    pub log_format: LogFormat,
+    /// Delete complete parents this long after they completed (0: never)
+    ///
+    /// Complete parents whose `completed_at` is older than this are deleted
+    /// with their children by a background pruner; 0 keeps them forever.
+    #[arg(
+        long,
+        env = "LEDGER_RETAIN_COMPLETE_SECONDS",
+        default_value_t = 0,
+        help_heading = "Retention"
+    )]
+    pub retain_complete_seconds: u64,
+    #[command(flatten)]
+    pub reconcile_jobs: ReconcileJobConfig,
 }
 
 impl Config {
@@ -287,13 +353,16 @@ impl Config {
 
 /// How this replica works background reconcile jobs (`POST /v1/reconcile/jobs`).
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Retention")]
 pub struct ReconcileJobConfig {
-    /// Parents a background reconcile job checks per step.
-    #[arg(long, env = "LEDGER_RECONCILE_JOB_BATCH", default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    /// Parents a background reconcile job checks per step
+    #[arg(long, env = "LEDGER_RECONCILE_JOB_BATCH", default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000), hide_short_help = true)]
     pub reconcile_job_batch: i64,
+    /// How long a stalled reconcile job is held before another replica takes it
+    ///
     /// How long a replica holds a reconcile job without finishing a step
     /// before another replica (or this one, restarted) takes it over.
-    #[arg(long, env = "LEDGER_RECONCILE_JOB_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "LEDGER_RECONCILE_JOB_LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..), hide_short_help = true)]
     pub reconcile_job_lease_seconds: u64,
 }
 
@@ -387,9 +456,12 @@ impl LogFormat {
     }
 }
 
-/// The completion webhook sender (README, "Webhooks").
+/// The completion webhook sender (docs/webhooks.md).
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Webhooks")]
 pub struct WebhookConfig {
+    /// Master key of the webhook signatures (`whsec_` and base64)
+    ///
     /// Master key of the webhook signatures: `whsec_` and base64. Each
     /// queue's events are signed with a key derived from it (`child-ledger
     /// webhook secret --queue Q` prints it). Required when

@@ -107,7 +107,7 @@ fn access_of(config: &Config) -> anyhow::Result<Access> {
             anyhow::ensure!(
                 config.allow_anonymous,
                 "refusing to serve {} without a tokens file: anyone who reaches it could claim, finish and \
-                 reconcile every team's work. Give --tokens-file (README, \"Access control\"), listen on \
+                 reconcile every team's work. Give --tokens-file (docs/access-control.md), listen on \
                  127.0.0.1, or pass --allow-anonymous when something in front authenticates callers",
                 config.listen
             );

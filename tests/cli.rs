@@ -241,6 +241,68 @@ async fn a_configuration_error_is_a_message_not_a_backtrace() {
     );
 }
 
+/// `serve -h` fits one screen, its flags under the headings of the manual in
+/// order; `serve --help` keeps every flag `serve` takes.
+#[tokio::test]
+async fn serve_short_help_is_one_screen_grouped_and_long_help_has_every_flag() {
+    use clap::CommandFactory;
+    let (short, _) = succeeded(&run(&["serve", "-h"]).await);
+    println!("serve -h: {} lines", short.lines().count());
+    assert!(short.lines().count() <= 60, "serve -h is {} lines:\n{short}", short.lines().count());
+    let headings = ["Server:", "Database:", "Access:", "Limits:", "Webhooks:", "Observability:", "Retention:"];
+    let at: Vec<usize> = headings
+        .iter()
+        .map(|h| {
+            short
+                .lines()
+                .position(|line| line == *h)
+                .unwrap_or_else(|| panic!("no {h} heading in serve -h:\n{short}"))
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "headings out of order: {at:?}\n{short}");
+    let (long, _) = succeeded(&run(&["serve", "--help"]).await);
+    let cli = child_ledger::config::Cli::command();
+    let serve = cli.find_subcommand("serve").expect("serve");
+    let flags: Vec<String> = serve
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    assert!(flags.len() >= 30, "{flags:?}");
+    for flag in &flags {
+        assert!(long.contains(&format!("{flag} ")) || long.contains(&format!("{flag}\n")), "serve --help lacks {flag}");
+    }
+    assert!(short.contains("--help") && short.contains("every flag"), "{short}");
+}
+
+/// A SQLite file in a directory that does not exist cannot be fixed by
+/// retrying: `serve` and `migrate` exit at once saying what to change.
+#[tokio::test]
+async fn a_sqlite_path_in_a_missing_directory_exits_at_once() {
+    let url = format!("sqlite:///nonexistent-{}/ledger.db", uuid::Uuid::new_v4());
+    let started = std::time::Instant::now();
+    for args in [&["serve", "--listen", "127.0.0.1:0"][..], &["migrate"]] {
+        let output = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+                .args(args)
+                .args(["--database-url", &url])
+                .env("RUST_LOG", "warn")
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} kept retrying a SQLite path in a missing directory"))
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("cannot use the database"), "{args:?}: {stderr}");
+        assert!(stderr.contains("mkdir -p"), "{args:?}: {stderr}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!stdout.contains("retrying"), "{args:?} retried: {stdout}");
+    }
+    println!("both exited in {:?}", started.elapsed());
+}
+
 /// The log is coloured only on a terminal: written to a file, it holds no
 /// escape codes.
 #[tokio::test]

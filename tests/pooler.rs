@@ -168,6 +168,24 @@ async fn startup_errors_no_retry_can_fix_end_the_process_with_what_to_change() {
         started.elapsed()
     );
 
+    // `migrate` and `reconcile` say the same fix, once, and exit.
+    for command in [&["migrate"][..], &["reconcile"]] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_child-ledger"))
+            .args(command)
+            .args(["--database-url", &via_pooler])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?}: {stderr}");
+        assert!(stderr.starts_with("Error: cannot use the database:"), "{command:?}: {stderr}");
+        assert!(stderr.contains("--db-pooler transaction"), "{command:?}: {stderr}");
+        assert_eq!(
+            stderr.matches("unsupported startup parameter").count(),
+            1,
+            "{command:?}: the refusal is said once: {stderr}"
+        );
+    }
+
     // A database that does not exist, through the pooler.
     let missing = bouncer.url_for(&format!("{}/no_such_database", direct.rsplit_once('/').unwrap().0));
     let mut unknown = ServiceProcess::start("pooler-unknown-db", &missing, &pooled(Some(&direct), &[])).await;

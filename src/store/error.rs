@@ -66,7 +66,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// change: the server refusing the user or its password, a database that
 /// does not exist, TLS the server does not speak or a certificate that does
 /// not verify, an option in the URL it cannot use, a startup parameter a
-/// connection pooler in front refuses. `None`: retrying may help (the server
+/// connection pooler in front refuses, a SQLite file that cannot be opened. `None`: retrying may help (the server
 /// is not up yet, the network is down).
 pub fn permanent_connect_error(err: &anyhow::Error) -> Option<String> {
     let cause = err.chain().find_map(|e| e.downcast_ref::<sqlx::Error>())?;
@@ -98,6 +98,13 @@ pub fn permanent_connect_error(err: &anyhow::Error) -> Option<String> {
             }
             Some("3D000") => Some(format!(
                 "{}: create it first (createdb), or fix the database name in DATABASE_URL",
+                db.message()
+            )),
+            // SQLite's SQLITE_CANTOPEN: a directory that is not there, or not
+            // writable; no retry creates it.
+            Some("14") => Some(format!(
+                "SQLite cannot open the file ({}): create its directory (mkdir -p) or fix the path in \
+                 DATABASE_URL, and check that the service may write there",
                 db.message()
             )),
             _ if db.message().contains("unsupported startup parameter") => Some(format!(
