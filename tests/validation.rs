@@ -891,7 +891,102 @@ async fn dot_segments_are_not_parent_ids(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM parent").await, 0);
 }
 
+/// Sends `method path` over a raw connection (an HTTP client would normalise
+/// dot segments away) and returns the status line's code and the body.
+async fn raw_request(app: &TestApp, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = app.base.trim_start_matches("http://").to_owned();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, body.to_owned())
+}
+
+/// Queue names and flow keys made only of dots, or holding `/`, are a path
+/// a normalising client or proxy rewrites (`/keys/../limits` becomes the
+/// queue's `/limits`): nothing may create one. Each is a 422 naming the
+/// field, in a body or a path, and writes nothing. A key made only of dots
+/// written before names were checked stays readable and deletable, its dots
+/// percent-encoded.
+async fn names_that_traverse_are_refused(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for (field, body) in [
+        ("queue", json!({"queue": "..", "children": [{"payload": 1}]})),
+        ("queue", json!({"queue": ".", "children": [{"payload": 1}]})),
+        ("queue", json!({"queue": "...", "children": [{"payload": 1}]})),
+        (
+            "flow_key",
+            json!({"queue": "lim", "flow_key": "..", "children": [{"payload": 1}]}),
+        ),
+        (
+            "flow_key",
+            json!({"queue": "lim", "flow_key": ".", "children": [{"payload": 1}]}),
+        ),
+        (
+            "flow_key",
+            json!({"queue": "lim", "flow_key": "a/b", "children": [{"payload": 1}]}),
+        ),
+        ("queue", json!({"queue": "a/b", "children": [{"payload": 1}]})),
+    ] {
+        let r = app.put("/v1/parents/traverse", body.clone()).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {r:?}");
+        assert_eq!(r.body["field"], field, "{body}: {r:?}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM parent").await, 0);
+
+    let r = app.put("/v1/queues/lim/limits", json!({"max_in_flight": 100})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    for (path, field) in [
+        ("/v1/queues/lim/keys/%2E%2E/limits", "flow_key"),
+        ("/v1/queues/lim/keys/%2e/limits", "flow_key"),
+        ("/v1/queues/lim/keys/a%2Fb/limits", "flow_key"),
+        ("/v1/queues/%2E%2E/limits", "queue"),
+        ("/v1/queues/a%2Fb/limits", "queue"),
+    ] {
+        let (code, body) = raw_request(&app, "PUT", path, r#"{"max_in_flight": 1}"#).await;
+        assert_eq!(code, 422, "PUT {path}: {body}");
+        let problem: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["field"], field, "PUT {path}: {problem}");
+    }
+    let r = app.get("/v1/queues/lim/limits").await;
+    assert_eq!(r.body["max_in_flight"], 100, "the queue's limit moved: {r:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM flow_limit WHERE flow_key <> ''").await,
+        0,
+        "a key was written"
+    );
+
+    // A key made only of dots from before: readable and deletable, encoded.
+    app.exec(
+        "INSERT INTO flow_limit (queue, flow_key, max_in_flight, per_second, burst, overridden) \
+         VALUES ('lim', '..', 3, NULL, NULL, true)",
+    )
+    .await;
+    let (code, body) = raw_request(&app, "GET", "/v1/queues/lim/keys/%2E%2E/limits", "").await;
+    assert_eq!(code, 200, "{body}");
+    let limits: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(limits["max_in_flight"], 3, "{limits}");
+    let (code, body) = raw_request(&app, "DELETE", "/v1/queues/lim/keys/%2E%2E/limits", "").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM flow_limit WHERE flow_key = '..' AND overridden")
+            .await,
+        0
+    );
+    let r = app.get("/v1/queues/lim/limits").await;
+    assert_eq!(r.body["max_in_flight"], 100, "{r:?}");
+}
+
 both_stores!(
+    names_that_traverse_are_refused,
     dot_segments_are_not_parent_ids,
     repeats_within_one_request_are_retries,
     rejects_bad_requests,

@@ -143,6 +143,7 @@ async fn parent_events(
         (status = 429, description = "Too many event streams open in this process", body = Problem,
          content_type = "application/problem+json"),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn queue_events(

@@ -272,8 +272,16 @@ pub fn parent_id_param(raw: &str) -> Result<ParentId, ApiError> {
     ParentId::parse(raw).map_err(|e| ApiError::bad_request("parent_id", e.to_string()))
 }
 
+/// A queue name from the path: 400 when it is not a name, 422 when it would
+/// move a request elsewhere (only dots, or a `/`: no URL names it reliably).
 pub fn queue_param(raw: &str) -> Result<QueueName, ApiError> {
-    QueueName::parse(raw).map_err(|e| ApiError::bad_request("queue", e.to_string()))
+    QueueName::parse(raw).map_err(|e| {
+        if crate::ledger::ids::traverses(raw) {
+            ApiError::invalid("queue", e.to_string())
+        } else {
+            ApiError::bad_request("queue", e.to_string())
+        }
+    })
 }
 
 pub fn sequence_param(raw: &str) -> Result<i64, ApiError> {

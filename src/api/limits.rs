@@ -109,6 +109,7 @@ impl SetLimits {
     responses(
         (status = 200, description = "The queue's limits (all `null` when it has none)", body = QueueLimits),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn get_queue_limits(State(state): State<AppState>, Path(queue): Path<String>) -> ApiResult<Json<QueueLimits>> {
@@ -148,10 +149,18 @@ async fn put_queue_limits(
     Ok(Json(state.store.queue_limits(&queue).await?))
 }
 
-/// The queue and flow key of a key's path, checked.
-fn key_path((queue, key): &(String, String)) -> ApiResult<(QueueName, String)> {
+/// The queue and flow key of a key's path, checked. A key made only of dots
+/// is refused (422) where it would be written; one that was written before
+/// names were checked stays readable and deletable, its dots percent-encoded
+/// (`/keys/%2E%2E/limits`), which no client normalises.
+fn key_path((queue, key): &(String, String), writing: bool) -> ApiResult<(QueueName, String)> {
     let queue = queue_param(queue)?;
-    check_flow_key(key).map_err(|why| ApiError::bad_request("flow_key", why))?;
+    match check_flow_key(key) {
+        Ok(()) => {}
+        Err(_) if !writing && crate::ledger::ids::only_dots(key) && key.len() <= 128 => {}
+        Err(why) if crate::ledger::ids::traverses(key) => return Err(ApiError::invalid("flow_key", why)),
+        Err(why) => return Err(ApiError::bad_request("flow_key", why)),
+    }
     Ok((queue, key.clone()))
 }
 
@@ -162,18 +171,19 @@ fn key_path((queue, key): &(String, String)) -> ApiResult<(QueueName, String)> {
     tag = "queues",
     params(
         ("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`"),
-        ("flow_key" = String, Path, description = "Flow key, 1-128 chars of `A-Z a-z 0-9 . _ : -`"),
+        ("flow_key" = String, Path, description = "Flow key, 1-128 chars of `A-Z a-z 0-9 . _ : -`, not only dots"),
     ),
     responses(
         (status = 200, description = "The key's limits", body = KeyLimits),
         (status = 400, description = "Invalid queue name or key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots or holding `/`, or a flow key holding `/` (a key made only of dots that exists stays reachable here, sent percent-encoded: `%2E%2E`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn get_key_limits(
     State(state): State<AppState>,
     Path(path): Path<(String, String)>,
 ) -> ApiResult<Json<KeyLimits>> {
-    let (queue, key) = key_path(&path)?;
+    let (queue, key) = key_path(&path, false)?;
     Ok(Json(state.store.key_limits(&queue, &key).await?))
 }
 
@@ -185,7 +195,7 @@ async fn get_key_limits(
     tag = "queues",
     params(
         ("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`"),
-        ("flow_key" = String, Path, description = "Flow key, 1-128 chars of `A-Z a-z 0-9 . _ : -`"),
+        ("flow_key" = String, Path, description = "Flow key, 1-128 chars of `A-Z a-z 0-9 . _ : -`, not only dots"),
     ),
     request_body(content = SetLimits, description = "Every member optional"),
     responses(
@@ -198,7 +208,7 @@ async fn put_key_limits(
     Path(path): Path<(String, String)>,
     AppJson(body): AppJson<SetLimits>,
 ) -> ApiResult<Json<KeyLimits>> {
-    let (queue, key) = key_path(&path)?;
+    let (queue, key) = key_path(&path, true)?;
     let limits = body.checked("")?;
     state.store.set_key_limits(&queue, &key, Some(limits)).await?;
     Ok(Json(state.store.key_limits(&queue, &key).await?))
@@ -211,18 +221,19 @@ async fn put_key_limits(
     tag = "queues",
     params(
         ("queue" = QueueName, Path, description = "Queue name, 1-64 chars of `a-z 0-9 . _ -`"),
-        ("flow_key" = String, Path, description = "Flow key, 1-128 chars of `A-Z a-z 0-9 . _ : -`"),
+        ("flow_key" = String, Path, description = "Flow key, 1-128 chars of `A-Z a-z 0-9 . _ : -`, not only dots"),
     ),
     responses(
         (status = 200, description = "The key's limits now", body = KeyLimits),
         (status = 400, description = "Invalid queue name or key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots or holding `/`, or a flow key holding `/` (a key made only of dots that exists stays reachable here, sent percent-encoded: `%2E%2E`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn delete_key_limits(
     State(state): State<AppState>,
     Path(path): Path<(String, String)>,
 ) -> ApiResult<Json<KeyLimits>> {
-    let (queue, key) = key_path(&path)?;
+    let (queue, key) = key_path(&path, false)?;
     state.store.set_key_limits(&queue, &key, None).await?;
     Ok(Json(state.store.key_limits(&queue, &key).await?))
 }
@@ -247,6 +258,7 @@ pub struct SetQueueSettings {
     responses(
         (status = 200, description = "The queue's settings", body = QueueSettings),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn get_queue_settings(

@@ -52,6 +52,7 @@ async fn list_queues(State(state): State<AppState>, caller: Caller) -> ApiResult
         (status = 404, description = "The queue has no parent and is not paused", body = Problem,
          content_type = "application/problem+json"),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn get_queue(State(state): State<AppState>, caller: Caller, Path(queue): Path<String>) -> ApiResult<Json<Queue>> {
@@ -89,6 +90,7 @@ pub struct QueuePause {
     responses(
         (status = 200, description = "Paused", body = QueuePause),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn pause_queue(
@@ -111,6 +113,7 @@ async fn pause_queue(
     responses(
         (status = 200, description = "Resumed", body = QueuePause),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn resume_queue(

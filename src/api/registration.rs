@@ -66,7 +66,7 @@ pub struct RegisterParent {
     /// `min(max_seconds, initial_seconds * 2^(attempt - 1))` first.
     retry_backoff: Option<RetryBackoff>,
     /// The tenant, account or remote host the children count against: the
-    /// queue's per-key limits apply to it. 1-128 of `[A-Za-z0-9._:-]`.
+    /// queue's per-key limits apply to it. 1-128 of `[A-Za-z0-9._:-]`, not only dots.
     #[schema(
         example = "tenant-42",
         min_length = 1,

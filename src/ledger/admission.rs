@@ -196,6 +196,9 @@ pub fn check_flow_key(key: &str) -> Result<(), &'static str> {
     if !key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b)) {
         return Err("may hold only A-Z, a-z, 0-9, '.', '_', ':' and '-'");
     }
+    if super::ids::only_dots(key) {
+        return Err("is made only of dots: clients and proxies that normalise paths rewrite such a segment");
+    }
     Ok(())
 }
 

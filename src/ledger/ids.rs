@@ -82,7 +82,7 @@ impl fmt::Display for ParentId {
     }
 }
 
-/// A queue name: 1-64 chars of `a-z 0-9 . _ -`.
+/// A queue name: 1-64 chars of `a-z 0-9 . _ -`, not only dots.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(try_from = "String", into = "String")]
 #[schema(value_type = String, pattern = "^[a-z0-9._-]{1,64}$", example = "events")]
@@ -102,6 +102,12 @@ impl QueueName {
         }
         if let Some(bad) = raw.chars().find(|c| !valid_char(*c)) {
             return Err(InvalidId(format!("may only contain a-z 0-9 . _ -, found {bad:?}")));
+        }
+        if only_dots(raw) {
+            return Err(InvalidId(format!(
+                "{raw:?} is made only of dots: clients and proxies that normalise paths rewrite such a \
+                 segment, so no URL could name it reliably"
+            )));
         }
         Ok(Self(raw.to_owned()))
     }
@@ -179,4 +185,17 @@ mod tests {
     fn idempotency_key_is_parent_slash_sequence() {
         assert_eq!(idempotency_key("P-42", 7), "P-42/7");
     }
+}
+
+/// A name made only of dots (`.`, `..`, `...`): a path segment that URL
+/// normalisers remove or rewrite, so a request meant for it reaches another
+/// resource.
+pub fn only_dots(raw: &str) -> bool {
+    !raw.is_empty() && raw.bytes().all(|b| b == b'.')
+}
+
+/// A name that would move a request to another path when put in a URL: made
+/// only of dots, or holding `/`. Refused with 422 wherever a name is taken.
+pub fn traverses(raw: &str) -> bool {
+    only_dots(raw) || raw.contains('/')
 }
