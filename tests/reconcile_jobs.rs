@@ -169,6 +169,36 @@ async fn bad_input_is_refused_and_writes_nothing(backend: Backend) {
     );
 }
 
+/// An admin scoped to some queues may start jobs over them (or over all of
+/// its queues, naming none); naming a queue outside them is 403 and starts
+/// nothing: a job its creator could not read back, checking nothing.
+async fn a_job_outside_the_tokens_queues_is_forbidden(backend: Backend) {
+    let (scoped, scoped_entry) = token("ops-a", &[Role::Admin], &["a"]);
+    let (everywhere, every_entry) = token("ops", &[Role::Admin], &[]);
+    let app = spawn_app_with_tokens(backend, json!([scoped_entry, every_entry])).await;
+    for queue in ["b", "ab", "default"] {
+        let r = app
+            .post_as(&scoped, "/v1/reconcile/jobs", json!({"queue": queue}))
+            .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{queue}: {r:?}");
+        assert_eq!(r.content_type, "application/problem+json", "{queue}");
+        assert!(r.body["detail"].as_str().unwrap_or("").contains(queue), "{r:?}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM reconcile_job").await,
+        0,
+        "a job was written"
+    );
+    let r = app.post_as(&scoped, "/v1/reconcile/jobs", json!({"queue": "a"})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{r:?}");
+    let r = app.post_as(&scoped, "/v1/reconcile/jobs", json!({})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{r:?}");
+    let r = app
+        .post_as(&everywhere, "/v1/reconcile/jobs", json!({"queue": "b"}))
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{r:?}");
+}
+
 /// Starts the service as a process on `db`, with `extra` arguments, and waits until it is ready.
 async fn start(db: &TestDatabase, name: &str, extra: &[&str]) -> ServiceProcess {
     let service = ServiceProcess::start(name, &db.url, extra).await;
@@ -451,6 +481,7 @@ async fn job_is_given_back_at_sigterm(backend: Backend) {
 }
 
 both_stores!(
+    a_job_outside_the_tokens_queues_is_forbidden,
     job_is_given_back_at_sigterm,
     job_failing_every_step_is_marked_failed,
     paged_sweep_visits_every_parent_once,

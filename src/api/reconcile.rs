@@ -161,6 +161,7 @@ pub struct StartJob {
     request_body(content = StartJob, description = "`{\"dry_run\": false, \"queue\": \"events\"}`"),
     responses(
         (status = 202, body = ReconcileJob),
+        (status = 403, description = "The role does not allow it, or `queue` is outside the token's queues", body = Problem, content_type = "application/problem+json"),
         (status = "4XX", description = "Invalid input", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -169,6 +170,16 @@ async fn start_job(
     caller: Caller,
     AppJson(body): AppJson<StartJob>,
 ) -> ApiResult<(StatusCode, Json<ReconcileJob>)> {
+    // A job its creator could not read back, checking nothing: refused.
+    if let Some(queue) = &body.queue
+        && !caller.0.reaches(queue.as_str())
+    {
+        return Err(ApiError::Forbidden(format!(
+            "token {:?} does not reach queue {:?}: a reconcile job may sweep only the token's queues",
+            caller.0.name,
+            queue.as_str()
+        )));
+    }
     let job = state
         .store
         .create_reconcile_job(
