@@ -1155,7 +1155,39 @@ async fn reconcile_jobs_are_seen_within_their_queues(backend: Backend) {
     }
 }
 
+/// `/readyz` stays open to probes, but a caller without a valid token learns
+/// only whether the service is ready: the host the ledger is on goes to a
+/// caller with a token (any role), as it does on a service without tokens.
+async fn readyz_tells_a_caller_without_a_token_only_ready_or_not(backend: Backend) {
+    let (app, roles) = app_with_roles(backend, vec![]).await;
+    let shown = |body: &Value| {
+        let mut keys: Vec<String> = body.as_object().expect("an object").keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    for token in [None, Some("not-a-token")] {
+        let r = app.request_as(token, Method::GET, "/readyz", None).await;
+        assert_eq!(r.status, StatusCode::OK, "{token:?}: {r:?}");
+        assert_eq!(r.body["status"], "ready", "{r:?}");
+        assert_eq!(shown(&r.body), ["status", "store"], "{token:?}: {r:?}");
+    }
+    let r = app.request_as(Some(&roles.reader), Method::GET, "/readyz", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    if backend == Backend::Postgres {
+        assert!(r.body["host"].as_str().is_some_and(|h| h.contains(':')), "{r:?}");
+    }
+    let open = spawn_app(backend).await;
+    let r = open.get("/readyz").await;
+    if backend == Backend::Postgres {
+        assert!(
+            r.body["host"].is_string(),
+            "a service without tokens tells everyone: {r:?}"
+        );
+    }
+}
+
 both_stores!(
+    readyz_tells_a_caller_without_a_token_only_ready_or_not,
     a_long_poll_never_claims_another_queues_parent,
     reconcile_jobs_are_seen_within_their_queues,
     every_operation_against_every_caller,

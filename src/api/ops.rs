@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 
 use super::guard::Caller;
 use crate::access::QueueScope;
-use crate::error::{ApiResult, Problem};
+use crate::error::{ApiError, ApiResult, Problem};
 use crate::metrics::{QueueGauge, WaitingClaims};
 use crate::state::AppState;
 
@@ -30,7 +30,8 @@ pub struct Health {
     /// `postgres` or `sqlite`.
     pub store: String,
     /// On `/readyz` with Postgres: the host (`host:port`) the ledger is on,
-    /// the writable one of the database URL's hosts.
+    /// the writable one of the database URL's hosts; shown to a caller with
+    /// a valid token (every caller of a service without tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "db-a:5432")]
     pub host: Option<String>,
@@ -49,22 +50,38 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
 /// Readiness: the database answers and can hold the ledger (on Postgres, a
 /// writable host, named in `host`). A 503 says why not: still connecting,
 /// or, with several hosts, no writable one found yet.
+///
+/// Orchestrators call it without a token. With a tokens file, such a caller
+/// learns only whether the service is ready: the host and the reasons for a
+/// 503 go to callers with a valid token (any role) and to the log.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = "operations",
     responses(
-        (status = 200, body = Health),
-        (status = 503, description = "The database does not answer, or no host of it is writable (the problem's detail says which)", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Ready; `host` only for a caller with a valid token (or a service without tokens)", body = Health),
+        (status = 503, description = "The database does not answer, or no host of it is writable (the problem's detail says which to a caller with a valid token)", body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
-    let host = state.store.ping().await?;
-    Ok(Json(Health {
-        status: "ready".to_owned(),
-        store: state.store.backend().to_owned(),
-        host,
-    }))
+async fn readyz(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Health>> {
+    let authorization: Vec<&[u8]> = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    let told = state.access.authenticate(&authorization).is_ok();
+    match state.store.ping().await {
+        Ok(host) => Ok(Json(Health {
+            status: "ready".to_owned(),
+            store: state.store.backend().to_owned(),
+            host: host.filter(|_| told),
+        })),
+        Err(err) if told => Err(err.into()),
+        Err(err) => {
+            tracing::info!(error = %err, "not ready (the caller without a token is told only that)");
+            Err(ApiError::NotReady("retry later".to_owned()))
+        }
+    }
 }
 
 /// Counts and times every answered request under its route template, never its raw path.
