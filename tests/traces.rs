@@ -132,4 +132,41 @@ async fn a_parent_registered_again_hands_out_its_own(backend: Backend) {
     );
 }
 
-both_stores!(kept_and_handed_back, a_parent_registered_again_hands_out_its_own);
+/// A `traceparent` header of a later version is read as W3C Trace Context
+/// says (its first four fields), and its extra fields are dropped: workers
+/// get `00-<trace id>-<span id>-<flags>`, never the text that followed. One
+/// that is not a trace context is none, as before.
+async fn a_later_versions_extra_fields_are_never_handed_on(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for (parent, header, want) in [
+        (
+            "T-later",
+            format!("01-{trace}-\"><img src=x onerror=alert(1)>"),
+            Some(PARENT_TRACE),
+        ),
+        (
+            "T-later-plain",
+            format!("Cc-{}", trace.to_uppercase()),
+            Some(PARENT_TRACE),
+        ),
+        ("T-glued", format!("01-{trace}x"), None),
+        ("T-zero-extra", format!("00-{trace}-more"), None),
+    ] {
+        register_traced(
+            &app,
+            parent,
+            json!({"queue": "later", "children": [{"payload": 0}]}),
+            Some(&header),
+        )
+        .await;
+        let got = handed_out(&app, parent).await;
+        assert_eq!(got[&0].as_deref(), want, "{header:?}");
+    }
+}
+
+both_stores!(
+    kept_and_handed_back,
+    a_parent_registered_again_hands_out_its_own,
+    a_later_versions_extra_fields_are_never_handed_on
+);
