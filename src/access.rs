@@ -232,6 +232,9 @@ pub struct Access {
     tokens: Option<RwLock<Arc<TokenSet>>>,
     /// Where `reload` reads them from.
     file: Option<PathBuf>,
+    /// Moves on at every reload that took: what an open stream checks its
+    /// token against again, so a revoked or narrowed token's streams end.
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 impl Access {
@@ -251,7 +254,7 @@ impl Access {
     pub fn from_tokens(tokens: TokenSet) -> Self {
         Self {
             tokens: Some(RwLock::new(Arc::new(tokens))),
-            file: None,
+            ..Self::default()
         }
     }
 
@@ -263,7 +266,13 @@ impl Access {
         let tokens = TokenSet::load(path)?;
         let count = tokens.len();
         *current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+        self.reloads.send_modify(|n| *n += 1);
         Ok(count)
+    }
+
+    /// Changes at every reload that took (see `reload`).
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
     }
 
     /// Who a request's `Authorization` header names, given the value of

@@ -220,4 +220,104 @@ async fn an_open_service_stays_on_loopback(backend: Backend) {
     let _ = std::fs::remove_file(&broken);
 }
 
-both_stores!(sighup_rotates_tokens_and_logs_none, an_open_service_stays_on_loopback);
+/// Opens an event stream with `token` and reads its first event (the
+/// snapshot); the response is returned to read on.
+async fn open_stream(base: &str, path: &str, token: &str) -> reqwest::Response {
+    let mut response = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{path}");
+    let first = tokio::time::timeout(Duration::from_secs(5), response.chunk())
+        .await
+        .expect("a snapshot at once")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&first).contains("snapshot"),
+        "{path}: {first:?}"
+    );
+    response
+}
+
+/// How long until a stream ends (its body closes), reading what it sends.
+async fn ends_within(mut response: reqwest::Response, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    loop {
+        match tokio::time::timeout(limit.saturating_sub(started.elapsed()), response.chunk()).await {
+            Err(_) => return None,
+            Ok(Ok(Some(_))) => continue,
+            Ok(_) => return Some(started.elapsed()),
+        }
+    }
+}
+
+/// A reload of the tokens file ends, within 1 s, every open event stream,
+/// parent or queue, busy or quiet, whose token it no longer grants: one
+/// removed from the file, and one narrowed to other queues. A token still
+/// granted keeps its streams.
+async fn a_reload_ends_the_streams_of_tokens_it_no_longer_grants(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let dir = std::env::temp_dir().join(format!("child-ledger-revoke-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tokens.json");
+    let (admin, admin_entry) = mint("ops", "admin", &[]);
+    let (revoked, revoked_entry) = mint("dash-old", "reader", &[]);
+    let (narrowed, narrowed_entry) = mint("dash-team", "reader", &["events"]);
+    let (kept, kept_entry) = mint("dash-kept", "reader", &["events"]);
+    write_tokens(&file, &[&admin_entry, &revoked_entry, &narrowed_entry, &kept_entry]);
+    let service = ServiceProcess::start("revoke", &db.url, &["--tokens-file", file.to_str().unwrap()]).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    for parent in ["P", "Q"] {
+        let r = client
+            .put(format!("{}/v1/parents/{parent}", service.base))
+            .bearer_auth(&admin)
+            .json(&json!({"queue": "events", "children": children(3)}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    let mut closing = Vec::new();
+    for token in [&revoked, &narrowed] {
+        closing.push(open_stream(&service.base, "/v1/parents/P/events", token).await);
+        closing.push(open_stream(&service.base, "/v1/queues/events/events", token).await);
+    }
+    let staying = [
+        open_stream(&service.base, "/v1/parents/P/events", &kept).await,
+        open_stream(&service.base, "/v1/queues/events/events", &kept).await,
+    ];
+
+    let mut narrowed_entry = narrowed_entry.clone();
+    narrowed_entry["queues"] = json!(["billing"]);
+    write_tokens(&file, &[&admin_entry, &narrowed_entry, &kept_entry]);
+    signal(service.pid(), "HUP");
+    // Quiet: nothing changes in the queue after the reload.
+    let mut waits = Vec::new();
+    for stream in closing {
+        waits.push(tokio::spawn(ends_within(stream, Duration::from_millis(1500))));
+    }
+    for (n, wait) in waits.into_iter().enumerate() {
+        let ended = wait.await.unwrap();
+        eprintln!("stream {n} ended after {ended:?}");
+        let ended = ended.unwrap_or_else(|| panic!("stream {n} of an ungranted token stayed open after the reload"));
+        assert!(ended <= Duration::from_secs(1), "stream {n} ended after {ended:?}");
+    }
+    for stream in staying {
+        assert_eq!(
+            ends_within(stream, Duration::from_millis(300)).await,
+            None,
+            "a granted token's stream ended"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+both_stores!(
+    sighup_rotates_tokens_and_logs_none,
+    an_open_service_stays_on_loopback,
+    a_reload_ends_the_streams_of_tokens_it_no_longer_grants
+);

@@ -5,9 +5,10 @@
 //! `paused` and `resumed`, and a comment every 15 s. What it shows comes from
 //! the event hub (`events.rs`), which reads each subject once for all of its
 //! streams. The token's reach is checked again whenever what the stream shows
-//! could change hands: a parent deleted and registered again in a queue the
-//! token does not reach ends its stream, and so does a token the tokens file
-//! no longer grants.
+//! could change hands, and at every reload of the tokens file: a parent
+//! deleted and registered again in a queue the token does not reach ends its
+//! stream, and so does a token the tokens file no longer grants (revoked, or
+//! narrowed to other queues), at once, whether the stream is busy or quiet.
 
 use std::collections::HashSet;
 use std::convert::Infallible;

@@ -63,6 +63,11 @@ impl Watcher {
         self.state.shutdown.subscribe()
     }
 
+    /// What says the tokens were read again (and every stream must check).
+    fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.state.access.reloads()
+    }
+
     /// An event named `name` of `live` as this caller is shown it: its JSON
     /// written once for every stream of the same kind of reader.
     fn parent_event(&self, name: &str, live: &LiveParent, id: Option<&str>) -> Event {
@@ -90,18 +95,28 @@ fn event(name: &str, data: &impl Serialize, id: Option<&str>) -> Event {
     }
 }
 
-/// Waits for the next event of a subscription, or for the service to stop
-/// or the client to leave (`None`).
+/// What a stream's task does next.
+enum Next {
+    /// Show this change (or catch up after falling behind).
+    Live(Result<Live, RecvError>),
+    /// The tokens were read again: check that the token still grants the stream.
+    Recheck,
+}
+
+/// Waits for the next event of a subscription, or a reload of the tokens,
+/// or for the service to stop or the client to leave (`None`).
 async fn next_live(
     subscription: &mut Subscription,
     sender: &mpsc::Sender<Event>,
     stopping: &mut tokio::sync::watch::Receiver<bool>,
-) -> Option<Result<Live, RecvError>> {
+    reloads: &mut tokio::sync::watch::Receiver<u64>,
+) -> Option<Next> {
     if *stopping.borrow() {
         return None;
     }
     tokio::select! {
-        live = subscription.receiver.recv() => Some(live),
+        live = subscription.receiver.recv() => Some(Next::Live(live)),
+        changed = reloads.changed() => changed.is_ok().then_some(Next::Recheck),
         _ = sender.closed() => None,
         _ = stopping.wait_for(|stopping| *stopping) => None,
     }
@@ -188,7 +203,16 @@ impl ParentStream {
 
     pub(super) async fn follow(&mut self, mut subscription: Subscription) {
         let mut stopping = self.watcher.stopping();
-        while let Some(live) = next_live(&mut subscription, &self.sender, &mut stopping).await {
+        let mut reloads = self.watcher.reloads();
+        while let Some(next) = next_live(&mut subscription, &self.sender, &mut stopping, &mut reloads).await {
+            let live = match next {
+                Next::Live(live) => live,
+                // A token revoked or narrowed since: the stream ends.
+                Next::Recheck => match &self.sent {
+                    Some(sent) if self.watcher.reaches(&sent.parent.queue) => continue,
+                    _ => return,
+                },
+            };
             let go_on = match live {
                 Ok(Live::Parent(parent)) => self.show(parent).await,
                 Ok(Live::Gone) | Err(RecvError::Closed) => false,
@@ -308,7 +332,13 @@ impl QueueStream {
 
     pub(super) async fn follow(&mut self, mut subscription: Subscription) {
         let mut stopping = self.watcher.stopping();
-        while let Some(live) = next_live(&mut subscription, &self.sender, &mut stopping).await {
+        let mut reloads = self.watcher.reloads();
+        while let Some(next) = next_live(&mut subscription, &self.sender, &mut stopping, &mut reloads).await {
+            let live = match next {
+                Next::Live(live) => live,
+                Next::Recheck if self.watcher.reaches(&self.queue) => continue,
+                Next::Recheck => return,
+            };
             let go_on = match live {
                 _ if !self.watcher.reaches(&self.queue) => false,
                 Ok(Live::Queue(queue)) => {
