@@ -243,6 +243,11 @@ impl Access {
         Self::default()
     }
 
+    /// Whether the service has no tokens (every caller is the same admin).
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_none()
+    }
+
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
         Ok(Self {
             file: Some(path.to_owned()),

@@ -69,8 +69,9 @@ pub enum ApiError {
         "{0} long-poll claims are already waiting here; retry after Retry-After seconds, or claim without wait_seconds"
     )]
     TooManyWaiting(usize),
-    #[error("{0} event streams are already open here; retry after Retry-After seconds, or poll")]
-    TooManyStreams(usize),
+    /// No turn for one more event stream: this process's, or the token's share.
+    #[error("{0}; retry after Retry-After seconds, or poll")]
+    TooManyStreams(String),
     #[error("{0} did not finish within the request timeout")]
     TimedOut(String),
     /// The service is still reaching its database (or migrating it).

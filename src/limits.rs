@@ -70,6 +70,14 @@ pub struct Limits {
     /// beyond, 429 with Retry-After.
     #[arg(long, env = "LEDGER_MAX_EVENT_STREAMS", default_value_t = 2000)]
     pub max_event_streams: usize,
+    /// Most event streams one token holds at once in this process (429 beyond)
+    ///
+    /// Most event streams one token holds open at once in this process; beyond,
+    /// 429 with Retry-After, so no tenant's dashboards take every stream of
+    /// `--max-event-streams`. A service without tokens has one caller, and no
+    /// share. Four more streams than `--max-event-streams` are kept for admins.
+    #[arg(long, env = "LEDGER_MAX_EVENT_STREAMS_PER_TOKEN", default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), hide_short_help = true)]
+    pub max_event_streams_per_token: usize,
     /// Largest outcome `result`, in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024, hide_short_help = true)]
     pub max_result_bytes: usize,
@@ -136,6 +144,7 @@ impl Default for Limits {
             max_metric_queues: crate::metrics::DEFAULT_MAX_QUEUES,
             max_waiting_claims: 1000,
             max_event_streams: 2000,
+            max_event_streams_per_token: 200,
             max_bulk_bodies: 4,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,

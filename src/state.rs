@@ -47,7 +47,12 @@ impl AppState {
         store.on_work(move |work| {
             woken.wake(work);
         });
-        let events = EventHub::new(store.clone(), Arc::clone(&metrics), limits.max_event_streams);
+        let events = EventHub::new(
+            store.clone(),
+            Arc::clone(&metrics),
+            limits.max_event_streams,
+            limits.max_event_streams_per_token,
+        );
         let hub = Arc::downgrade(&events);
         let freed = Arc::clone(&waiters);
         store.on_change(move |changes| {

@@ -610,7 +610,66 @@ async fn many_streams_of_one_parent_share_each_read(backend: Backend) {
     );
 }
 
+/// Each token holds at most its share of the process's streams
+/// (`--max-event-streams-per-token`), so one tenant's idle dashboards cannot
+/// take every turn; once every turn is taken, an admin can still watch.
+async fn each_token_holds_its_share_and_an_admin_can_always_watch(backend: Backend) {
+    let (a, a_entry) = token("dash-a", &[Role::Reader], &[]);
+    let (b, b_entry) = token("dash-b", &[Role::Reader], &[]);
+    let (c, c_entry) = token("dash-c", &[Role::Reader], &[]);
+    let (admin, admin_entry) = token("ops", &[Role::Admin], &[]);
+    let limits = child_ledger::config::Limits {
+        max_event_streams: 4,
+        max_event_streams_per_token: 2,
+        ..child_ledger::config::Limits::default()
+    };
+    let mut app =
+        spawn_app_with_tokens_and_limits(backend, json!([a_entry, b_entry, c_entry, admin_entry]), limits).await;
+    app.token = Some(admin.clone());
+    let r = app
+        .put("/v1/parents/S-1", json!({"queue": "share", "children": children(1)}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let refused = |opened: Result<Stream, (StatusCode, reqwest::header::HeaderMap, Value)>, what: &str| match opened {
+        Err((status, headers, problem)) => {
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{what}: {problem}");
+            assert!(headers.contains_key("retry-after"), "{what}");
+            assert!(
+                problem["type"].as_str().unwrap().ends_with("too-many-event-streams"),
+                "{problem}"
+            );
+            problem
+        }
+        Ok(_) => panic!("{what} was admitted"),
+    };
+    let mut held = Vec::new();
+    for path in ["/v1/parents/S-1/events", "/v1/queues/share/events"] {
+        held.push(open(&app, path, Some(&a), None).await.expect("a's share"));
+    }
+    let problem = refused(
+        open(&app, "/v1/queues/share/events", Some(&a), None).await,
+        "a's third stream",
+    );
+    assert!(problem["detail"].as_str().unwrap().contains("dash-a"), "{problem}");
+    for _ in 0..2 {
+        held.push(
+            open(&app, "/v1/queues/share/events", Some(&b), None)
+                .await
+                .expect("b's share"),
+        );
+    }
+    refused(
+        open(&app, "/v1/parents/S-1/events", Some(&c), None).await,
+        "c's stream past the process's four",
+    );
+    let mut watching = open(&app, "/v1/parents/S-1/events", Some(&admin), None)
+        .await
+        .expect("an admin can always watch");
+    assert_eq!(watching.next(WAIT).await.expect("a snapshot").event, "snapshot");
+}
+
 both_stores!(
+    each_token_holds_its_share_and_an_admin_can_always_watch,
     a_resumed_queue_stream_replays_every_completion,
     a_parent_stream_shows_progress_and_one_completion,
     a_reconnect_with_last_event_id_never_misses_a_completion,

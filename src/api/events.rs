@@ -26,8 +26,9 @@ use utoipa_axum::routes;
 
 use super::extract::{parent_id_param, queue_param};
 use super::guard::Caller;
+use crate::access::Role;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::events::{LiveParent, StreamTurn};
+use crate::events::{LiveParent, NoTurn, StreamTurn};
 use crate::ledger::events::queue_replay_from;
 use crate::ledger::{ParentId, QueueName};
 use crate::state::AppState;
@@ -60,9 +61,12 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// `Last-Event-ID` (browsers' `EventSource` sends it by itself) sends a
 /// `completed` the client has not seen, so none is missed. The stream ends
 /// when the parent is deleted, when it is registered again in a queue the
-/// token does not reach, and when the service stops; a client then
-/// reconnects, and is answered `404` if the parent is gone. Beyond
-/// `--max-event-streams` open streams in this process: `429`.
+/// token does not reach, when a reload of the tokens file no longer grants
+/// the token, when the client has not read for 30 s, and when the service
+/// stops; a client then reconnects, and is answered `404` if the parent is
+/// gone. Beyond `--max-event-streams` open streams in this process, or
+/// `--max-event-streams-per-token` of one token: `429` (an admin token may
+/// still open one of 4 streams kept for admins).
 #[utoipa::path(
     get,
     path = "/v1/parents/{parent_id}/events",
@@ -75,7 +79,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 200, description = "Server-sent events: snapshot, progress, completed, paused, resumed",
          body = String, content_type = "text/event-stream"),
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Too many event streams open in this process", body = Problem,
+        (status = 429, description = "Too many event streams open in this process, or held by this token", body = Problem,
          content_type = "application/problem+json"),
         (status = 400, description = "Invalid id", body = Problem, content_type = "application/problem+json"),
     )
@@ -87,7 +91,7 @@ async fn parent_events(
     Path(parent_id): Path<String>,
 ) -> ApiResult<Response> {
     let parent_id = parent_id_param(&parent_id)?;
-    let turn = admit(&state)?;
+    let turn = admit(&state, &caller)?;
     let watcher = Watcher::new(&state, caller, &headers);
     // Subscribed before the snapshot is read: nothing between is missed.
     let (subscription, known) = state.events.watch_parent(&parent_id);
@@ -102,6 +106,9 @@ async fn parent_events(
     let last_event_id = last_event_id(&headers);
     let (sender, receiver) = mpsc::channel(BUFFERED);
     tokio::spawn(async move {
+        // The turn is the task's: a client that left, or stopped reading
+        // (see `streams::STALLED`), gives it back when the task ends.
+        let _turn = turn;
         let mut stream = ParentStream {
             watcher,
             sender,
@@ -111,7 +118,7 @@ async fn parent_events(
         stream.open(parent, paused, last_event_id.as_deref()).await;
         stream.follow(subscription).await;
     });
-    Ok(sse(receiver, turn))
+    Ok(sse(receiver))
 }
 
 /// Watch a queue: `snapshot`, then `progress`, `completed` (of each of its
@@ -127,7 +134,10 @@ async fn parent_events(
 /// completion may be stamped before one that committed earlier), so none is
 /// missed: one of those last seconds may come twice (`parent_id` and
 /// `completed_at` tell). `404` for a queue with no parent that is not
-/// paused; beyond `--max-event-streams` open streams in this process: `429`.
+/// paused; beyond `--max-event-streams` open streams in this process, or
+/// `--max-event-streams-per-token` of one token: `429` (an admin token may
+/// still open one of 4 streams kept for admins). It ends as a parent's does
+/// when the token is no longer granted or the client stops reading.
 #[utoipa::path(
     get,
     path = "/v1/queues/{queue}/events",
@@ -141,7 +151,7 @@ async fn parent_events(
          body = String, content_type = "text/event-stream"),
         (status = 404, description = "The queue has no parent and is not paused", body = Problem,
          content_type = "application/problem+json"),
-        (status = 429, description = "Too many event streams open in this process", body = Problem,
+        (status = 429, description = "Too many event streams open in this process, or held by this token", body = Problem,
          content_type = "application/problem+json"),
         (status = 400, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A queue name made only of dots, or holding `/`: no URL names it reliably", body = Problem, content_type = "application/problem+json"),
@@ -154,7 +164,7 @@ async fn queue_events(
     Path(queue): Path<String>,
 ) -> ApiResult<Response> {
     let queue = queue_param(&queue)?;
-    let turn = admit(&state)?;
+    let turn = admit(&state, &caller)?;
     let watcher = Watcher::new(&state, caller, &headers);
     if !watcher.reaches(&queue) {
         return Err(ApiError::NotFound(format!("no queue {queue}")));
@@ -175,6 +185,9 @@ async fn queue_events(
     let replay = last_event_id(&headers).as_deref().and_then(queue_replay_from);
     let (sender, receiver) = mpsc::channel(BUFFERED);
     tokio::spawn(async move {
+        // The turn is the task's: a client that left, or stopped reading
+        // (see `streams::STALLED`), gives it back when the task ends.
+        let _turn = turn;
         let mut stream = QueueStream {
             watcher,
             sender,
@@ -187,15 +200,27 @@ async fn queue_events(
         stream.open(snapshot, replay).await;
         stream.follow(subscription).await;
     });
-    Ok(sse(receiver, turn))
+    Ok(sse(receiver))
 }
 
 /// A turn among `--max-event-streams`, or 429.
-fn admit(state: &AppState) -> ApiResult<StreamTurn> {
+/// A turn for the caller's stream: within its token's share, and within the
+/// process's turns (an admin may take one of those kept for admins).
+fn admit(state: &AppState, caller: &Caller) -> ApiResult<StreamTurn> {
+    // Without tokens every caller is the same admin: no share, no reserve.
+    let holder = (!state.access.is_open()).then_some(caller.0.name.as_str());
     state
         .events
-        .admit()
-        .ok_or_else(|| ApiError::TooManyStreams(state.events.max_streams()))
+        .admit(holder, holder.is_some() && caller.0.may(Role::Admin))
+        .map_err(|refused| {
+            ApiError::TooManyStreams(match refused {
+                NoTurn::Process(max) => format!("{max} event streams are already open here"),
+                NoTurn::Token(share) => format!(
+                    "token {:?} already holds its share of event streams ({share}, --max-event-streams-per-token)",
+                    caller.0.name
+                ),
+            })
+        })
 }
 
 fn last_event_id(headers: &HeaderMap) -> Option<String> {
@@ -206,12 +231,9 @@ fn last_event_id(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The response: the events the stream's task sends, a comment every
-/// `HEARTBEAT`. The stream's turn is held as long as the client is.
-fn sse(mut receiver: mpsc::Receiver<Event>, turn: StreamTurn) -> Response {
-    let events = futures::stream::poll_fn(move |cx| {
-        let _held = &turn;
-        receiver.poll_recv(cx).map(|event| event.map(Ok::<_, Infallible>))
-    });
+/// `HEARTBEAT`.
+fn sse(mut receiver: mpsc::Receiver<Event>) -> Response {
+    let events = futures::stream::poll_fn(move |cx| receiver.poll_recv(cx).map(|event| event.map(Ok::<_, Infallible>)));
     let mut response = Sse::new(events)
         .keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat"))
         .into_response();

@@ -22,6 +22,17 @@ use crate::state::AppState;
 /// How long a client waits before it reconnects (the `retry` field).
 const RECONNECT: Duration = Duration::from_secs(1);
 
+/// How long an event may wait for a client that does not read (its
+/// connection's buffers and the stream's are full) before the stream ends
+/// and gives its turn back.
+pub(super) const STALLED: Duration = Duration::from_secs(30);
+
+/// Sends an event, or says the stream is over: the client left, or did not
+/// take it within `STALLED`.
+async fn deliver(sender: &mpsc::Sender<Event>, event: Event) -> bool {
+    matches!(tokio::time::timeout(STALLED, sender.send(event)).await, Ok(Ok(())))
+}
+
 /// A `paused` or `resumed` event's data.
 #[derive(Debug, Serialize)]
 pub(super) struct Pause<'a> {
@@ -133,7 +144,7 @@ pub(super) struct ParentStream {
 
 impl ParentStream {
     async fn send(&self, event: Event) -> bool {
-        self.sender.send(event).await.is_ok()
+        deliver(&self.sender, event).await
     }
 
     pub(super) async fn open(&mut self, live: Arc<LiveParent>, paused: bool, last_event_id: Option<&str>) {
@@ -264,7 +275,7 @@ impl QueueStream {
     }
 
     async fn send(&self, event: Event) -> bool {
-        self.sender.send(event).await.is_ok()
+        deliver(&self.sender, event).await
     }
 
     /// Sends the snapshot, and then, for a stream resumed from a
