@@ -203,7 +203,8 @@ pub struct DatabaseArgs {
     /// Most database connections this process opens
     ///
     /// Most database connections this process opens for requests (on Postgres
-    /// one more is held for `LISTEN`).
+    /// one more is held for `LISTEN`; on SQLite, one writer and at most two
+    /// readers per core).
     #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
     /// Longest one database statement may run

@@ -72,6 +72,9 @@ pub enum ApiError {
     /// No turn for one more event stream: this process's, or the token's share.
     #[error("{0}; retry after Retry-After seconds, or poll")]
     TooManyStreams(String),
+    /// No turn for one more results export: this process's, or the token's share.
+    #[error("{0}; retry after Retry-After seconds")]
+    TooManyExports(String),
     #[error("{0} did not finish within the request timeout")]
     TimedOut(String),
     /// The service is still reaching its database (or migrating it).
@@ -129,7 +132,9 @@ impl ApiError {
             Self::Unavailable(_) | Self::TimedOut(_) | Self::Starting | Self::NotReady(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::TooManyWaiting(_) | Self::TooManyStreams(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooManyWaiting(_) | Self::TooManyStreams(_) | Self::TooManyExports(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Http { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -163,6 +168,7 @@ impl ApiError {
             Self::TimedOut(_) => "request-timeout",
             Self::TooManyWaiting(_) => "too-many-waiting-claims",
             Self::TooManyStreams(_) => "too-many-event-streams",
+            Self::TooManyExports(_) => "too-many-streams",
             Self::Http { .. } => "http-error",
             Self::Internal(_) => "internal",
         }
@@ -194,6 +200,7 @@ impl ApiError {
             Self::TimedOut(_) => "Request timed out",
             Self::TooManyWaiting(_) => "Too many waiting claims",
             Self::TooManyStreams(_) => "Too many event streams",
+            Self::TooManyExports(_) => "Too many streams",
             Self::Http { status, .. } => status.canonical_reason().unwrap_or("Error"),
             Self::Internal(_) => "Internal error",
         }

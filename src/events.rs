@@ -18,11 +18,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, broadcast};
+use tokio::sync::{Notify, broadcast};
 
 use crate::ledger::{Changes, Parent, ParentId, Queue, QueueName, QueueScope};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreResult};
+use crate::turns::Turns;
 
 /// The shortest time between two reads of a subject: a stream sends at most
 /// one `progress` per tick while its counts change.
@@ -155,52 +156,11 @@ pub struct EventHub {
     metrics: Arc<Metrics>,
     subjects: Mutex<Subjects>,
     marked: Notify,
-    /// Streams open now, at most `--max-event-streams`.
-    streams: Arc<Semaphore>,
-    max_streams: usize,
-    /// Turns kept for admins once every other is taken, so an operator can
-    /// always watch.
-    reserve: Arc<Semaphore>,
-    /// Streams each token holds now, by its name: at most `per_token` each.
-    holders: Arc<Mutex<HashMap<String, usize>>>,
-    per_token: usize,
+    /// Turns of the streams open now: `--max-event-streams`, a token's share.
+    streams: Turns,
     /// Queues paused as last read.
     paused: Mutex<Option<Arc<HashSet<QueueName>>>>,
     reader: OnceLock<()>,
-}
-
-/// Turns beyond `--max-event-streams` that only admins may take.
-pub const ADMIN_STREAMS: usize = 4;
-
-/// A stream's turn among `--max-event-streams`, and among its token's
-/// share of them, held while it is open.
-pub struct StreamTurn {
-    _permit: Option<OwnedSemaphorePermit>,
-    holders: Arc<Mutex<HashMap<String, usize>>>,
-    holder: Option<String>,
-}
-
-impl Drop for StreamTurn {
-    fn drop(&mut self) {
-        if let Some(holder) = self.holder.take() {
-            let mut holders = lock(&self.holders);
-            if let Some(held) = holders.get_mut(&holder) {
-                *held -= 1;
-                if *held == 0 {
-                    holders.remove(&holder);
-                }
-            }
-        }
-    }
-}
-
-/// Why a stream got no turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NoTurn {
-    /// Every turn of this process is taken (`--max-event-streams`).
-    Process(usize),
-    /// The token holds its share (`--max-event-streams-per-token`).
-    Token(usize),
 }
 
 /// A stream's subscription to a parent or a queue.
@@ -218,53 +178,20 @@ impl EventHub {
             metrics,
             subjects: Mutex::default(),
             marked: Notify::new(),
-            streams: Arc::new(Semaphore::new(max_streams)),
-            max_streams,
-            reserve: Arc::new(Semaphore::new(ADMIN_STREAMS)),
-            holders: Arc::default(),
-            per_token: per_token.max(1),
+            streams: Turns::new(max_streams, per_token),
             paused: Mutex::new(None),
             reader: OnceLock::new(),
         })
     }
 
-    /// A turn for one more stream of `holder` (a token's name; `None` on a
-    /// service without tokens, where every caller is the same one): refused
-    /// when the token holds its share, or when every turn of the process is
-    /// taken, unless `admin` and one kept for admins is free.
-    pub fn admit(&self, holder: Option<&str>, admin: bool) -> Result<StreamTurn, NoTurn> {
-        let mut turn = StreamTurn {
-            _permit: None,
-            holders: Arc::clone(&self.holders),
-            holder: None,
-        };
-        if let Some(holder) = holder {
-            let mut holders = lock(&self.holders);
-            let held = holders.entry(holder.to_owned()).or_default();
-            if *held >= self.per_token {
-                return Err(NoTurn::Token(self.per_token));
-            }
-            *held += 1;
-            turn.holder = Some(holder.to_owned());
-        }
-        let permit = Arc::clone(&self.streams)
-            .try_acquire_owned()
-            .or_else(|_| match admin {
-                true => Arc::clone(&self.reserve).try_acquire_owned(),
-                false => Err(tokio::sync::TryAcquireError::NoPermits),
-            })
-            .map_err(|_| NoTurn::Process(self.max_streams))?;
-        turn._permit = Some(permit);
-        Ok(turn)
-    }
-
-    pub fn max_streams(&self) -> usize {
-        self.max_streams
+    /// The turns of this process's streams (`--max-event-streams`).
+    pub fn turns(&self) -> &Turns {
+        &self.streams
     }
 
     /// Streams open now.
     pub fn open_streams(&self) -> usize {
-        self.max_streams - self.streams.available_permits() + ADMIN_STREAMS - self.reserve.available_permits()
+        self.streams.open()
     }
 
     /// Subscribes to a parent; what it is now comes with it when a stream of

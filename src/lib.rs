@@ -19,6 +19,7 @@ pub mod startup;
 mod state;
 pub mod store;
 pub mod telemetry;
+pub mod turns;
 pub mod waiters;
 
 use std::time::Duration;

@@ -78,6 +78,17 @@ pub struct Limits {
     /// share. Four more streams than `--max-event-streams` are kept for admins.
     #[arg(long, env = "LEDGER_MAX_EVENT_STREAMS_PER_TOKEN", default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), hide_short_help = true)]
     pub max_event_streams_per_token: usize,
+    /// Most results exports streaming at once in this process (429 beyond)
+    ///
+    /// Most results exports (`GET .../results`) streaming at once in this
+    /// process; beyond, 429 with Retry-After. Each holds about one chunk
+    /// (256 KiB of results) while its client reads; one whose client stops
+    /// reading for 60 s is ended. Four more are kept for admins.
+    #[arg(long, env = "LEDGER_MAX_EXPORTS", default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), hide_short_help = true)]
+    pub max_exports: usize,
+    /// Most results exports one token streams at once (429 beyond)
+    #[arg(long, env = "LEDGER_MAX_EXPORTS_PER_TOKEN", default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), hide_short_help = true)]
+    pub max_exports_per_token: usize,
     /// Largest outcome `result`, in bytes of JSON.
     #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 64 * 1024, hide_short_help = true)]
     pub max_result_bytes: usize,
@@ -145,6 +156,8 @@ impl Default for Limits {
             max_waiting_claims: 1000,
             max_event_streams: 2000,
             max_event_streams_per_token: 200,
+            max_exports: 64,
+            max_exports_per_token: 8,
             max_bulk_bodies: 4,
             max_wait_seconds: MAX_WAIT_SECONDS,
             wait_recheck_ms: 2000,

@@ -27,6 +27,9 @@ pub struct AppState {
     /// What this process's event streams watch, read once for all of them;
     /// the store's change signals mark what to read.
     pub events: Arc<EventHub>,
+    /// Turns of the results exports streaming now (`--max-exports`, a
+    /// token's share `--max-exports-per-token`).
+    pub exports: Arc<crate::turns::Turns>,
     /// Turns for bulk bodies over 1 MiB being read and handled at once
     /// (`--max-bulk-bodies`).
     pub bulk_bodies: Arc<tokio::sync::Semaphore>,
@@ -53,6 +56,10 @@ impl AppState {
             limits.max_event_streams,
             limits.max_event_streams_per_token,
         );
+        let exports = Arc::new(crate::turns::Turns::new(
+            limits.max_exports,
+            limits.max_exports_per_token,
+        ));
         let hub = Arc::downgrade(&events);
         let freed = Arc::clone(&waiters);
         store.on_change(move |changes| {
@@ -69,6 +76,7 @@ impl AppState {
             waiters,
             metrics,
             events,
+            exports,
             waiting_claims: Arc::default(),
             bulk_bodies,
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),

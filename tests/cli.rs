@@ -248,8 +248,20 @@ async fn serve_short_help_is_one_screen_grouped_and_long_help_has_every_flag() {
     use clap::CommandFactory;
     let (short, _) = succeeded(&run(&["serve", "-h"]).await);
     println!("serve -h: {} lines", short.lines().count());
-    assert!(short.lines().count() <= 60, "serve -h is {} lines:\n{short}", short.lines().count());
-    let headings = ["Server:", "Database:", "Access:", "Limits:", "Webhooks:", "Observability:", "Retention:"];
+    assert!(
+        short.lines().count() <= 60,
+        "serve -h is {} lines:\n{short}",
+        short.lines().count()
+    );
+    let headings = [
+        "Server:",
+        "Database:",
+        "Access:",
+        "Limits:",
+        "Webhooks:",
+        "Observability:",
+        "Retention:",
+    ];
     let at: Vec<usize> = headings
         .iter()
         .map(|h| {
@@ -259,7 +271,10 @@ async fn serve_short_help_is_one_screen_grouped_and_long_help_has_every_flag() {
                 .unwrap_or_else(|| panic!("no {h} heading in serve -h:\n{short}"))
         })
         .collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "headings out of order: {at:?}\n{short}");
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "headings out of order: {at:?}\n{short}"
+    );
     let (long, _) = succeeded(&run(&["serve", "--help"]).await);
     let cli = child_ledger::config::Cli::command();
     let serve = cli.find_subcommand("serve").expect("serve");
@@ -270,7 +285,10 @@ async fn serve_short_help_is_one_screen_grouped_and_long_help_has_every_flag() {
         .collect();
     assert!(flags.len() >= 30, "{flags:?}");
     for flag in &flags {
-        assert!(long.contains(&format!("{flag} ")) || long.contains(&format!("{flag}\n")), "serve --help lacks {flag}");
+        assert!(
+            long.contains(&format!("{flag} ")) || long.contains(&format!("{flag}\n")),
+            "serve --help lacks {flag}"
+        );
     }
     assert!(short.contains("--help") && short.contains("every flag"), "{short}");
 }

@@ -177,7 +177,10 @@ async fn startup_errors_no_retry_can_fix_end_the_process_with_what_to_change() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{command:?}: {stderr}");
-        assert!(stderr.starts_with("Error: cannot use the database:"), "{command:?}: {stderr}");
+        assert!(
+            stderr.starts_with("Error: cannot use the database:"),
+            "{command:?}: {stderr}"
+        );
         assert!(stderr.contains("--db-pooler transaction"), "{command:?}: {stderr}");
         assert_eq!(
             stderr.matches("unsupported startup parameter").count(),

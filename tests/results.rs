@@ -463,3 +463,143 @@ both_stores!(
     bad_requests_are_refused,
     a_token_sees_only_its_queues
 );
+
+/// The service process's resident memory now, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+/// Sends a results request on a raw connection and reads nothing: a stalled
+/// reader. Returns the connection (to keep it open) and the status, read
+/// from the first bytes that came (a 429's head and body fit in them).
+async fn stalled_reader(address: &str, path: &str, token: &str) -> (tokio::net::TcpStream, u16) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {token}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.unwrap();
+    let status = String::from_utf8_lossy(&head[9..12]).parse().unwrap();
+    (stream, status)
+}
+
+/// A results export holds about one chunk (1 MiB of results) while its
+/// client reads, whatever the parent's results weigh: 12 readers that never
+/// read a parent of 1,000 results of 60 KB keep the service under 150 MiB;
+/// beyond a token's share of exports (8) the next are 429 with Retry-After,
+/// and 50 more stalled readers still leave it under 150 MiB. An export read
+/// to its end has every row.
+async fn stalled_exports_hold_a_chunk_each_and_a_token_its_share(backend: Backend) {
+    let db = TestDatabase::new(backend).await;
+    let dir = std::env::temp_dir().join(format!("child-ledger-exports-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (admin, admin_entry) = token("ops", &[Role::Admin], &[]);
+    let (a, a_entry) = token("export-a", &[Role::Reader], &[]);
+    let (b, b_entry) = token("export-b", &[Role::Reader], &[]);
+    let (crowd, crowd_entry) = token("export-crowd", &[Role::Reader], &[]);
+    let tokens = dir.join("tokens.json");
+    std::fs::write(
+        &tokens,
+        json!({"tokens": [admin_entry, a_entry, b_entry, crowd_entry]}).to_string(),
+    )
+    .unwrap();
+    let service =
+        common::process::ServiceProcess::start("exports", &db.url, &["--tokens-file", tokens.to_str().unwrap()]).await;
+    service.ready().await;
+    let client = reqwest::Client::new();
+    let base = &service.base;
+    let children: Vec<Value> = (0..1000).map(|i| json!({"payload": i})).collect();
+    let r = client
+        .put(format!("{base}/v1/parents/BIGRES"))
+        .bearer_auth(&admin)
+        .json(&json!({"queue": "heavy", "children": children}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let blob = "x".repeat(60_000);
+    for first in (0..1000).step_by(10) {
+        let outcomes: Vec<Value> = (first..first + 10)
+            .map(|s| json!({"parent_id": "BIGRES", "sequence": s, "outcome": "processed", "result": {"n": s, "blob": blob}}))
+            .collect();
+        let r = client
+            .post(format!("{base}/v1/outcomes"))
+            .bearer_auth(&admin)
+            .json(&json!({"outcomes": outcomes}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let before = rss_mib(service.pid());
+    let address = base.trim_start_matches("http://").to_owned();
+    let path = "/v1/parents/BIGRES/results";
+    let mut held = Vec::new();
+    for n in 0..12 {
+        let token = if n % 2 == 0 { &a } else { &b };
+        let (stream, status) = stalled_reader(&address, path, token).await;
+        assert_eq!(status, 200, "stalled reader {n}");
+        held.push(stream);
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let twelve = rss_mib(service.pid());
+    let mut refused = 0;
+    for _ in 0..50 {
+        let (stream, status) = stalled_reader(&address, path, &crowd).await;
+        match status {
+            200 => held.push(stream),
+            429 => refused += 1,
+            other => panic!("a stalled reader was answered {other}"),
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let sixty_two = rss_mib(service.pid());
+    eprintln!(
+        "{backend:?}: RSS {before:.0} MiB before, {twelve:.0} with 12 stalled exports, {sixty_two:.0} with 50 more \
+         ({refused} of them 429)"
+    );
+    assert_eq!(refused, 42, "a token streams at most its share (8) of exports");
+    assert!(twelve <= 150.0, "12 stalled exports: {twelve:.0} MiB");
+    assert!(sixty_two <= 150.0, "50 more stalled readers: {sixty_two:.0} MiB");
+    let r = client
+        .get(format!("{base}{path}"))
+        .bearer_auth(&crowd)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers().contains_key("retry-after"));
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["type"].as_str().unwrap().ends_with("/too-many-streams"),
+        "{problem}"
+    );
+
+    // Read to its end, an export has every row, in order, each whole.
+    let text = client
+        .get(format!("{base}{path}"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let rows: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 1000);
+    for (n, row) in rows.iter().enumerate() {
+        assert_eq!(row["sequence"], n as i64);
+        assert_eq!(row["result"]["blob"].as_str().map(str::len), Some(60_000), "row {n}");
+    }
+    drop(held);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+both_stores!(stalled_exports_hold_a_chunk_each_and_a_token_its_share);

@@ -26,12 +26,12 @@ use utoipa_axum::routes;
 
 use super::extract::{parent_id_param, queue_param};
 use super::guard::Caller;
-use crate::access::Role;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::events::{LiveParent, NoTurn, StreamTurn};
+use crate::events::LiveParent;
 use crate::ledger::events::queue_replay_from;
 use crate::ledger::{ParentId, QueueName};
 use crate::state::AppState;
+use crate::turns::{NoTurn, Turn};
 
 mod streams;
 
@@ -204,23 +204,17 @@ async fn queue_events(
 }
 
 /// A turn among `--max-event-streams`, or 429.
-/// A turn for the caller's stream: within its token's share, and within the
-/// process's turns (an admin may take one of those kept for admins).
-fn admit(state: &AppState, caller: &Caller) -> ApiResult<StreamTurn> {
-    // Without tokens every caller is the same admin: no share, no reserve.
-    let holder = (!state.access.is_open()).then_some(caller.0.name.as_str());
-    state
-        .events
-        .admit(holder, holder.is_some() && caller.0.may(Role::Admin))
-        .map_err(|refused| {
-            ApiError::TooManyStreams(match refused {
-                NoTurn::Process(max) => format!("{max} event streams are already open here"),
-                NoTurn::Token(share) => format!(
-                    "token {:?} already holds its share of event streams ({share}, --max-event-streams-per-token)",
-                    caller.0.name
-                ),
-            })
+/// A turn for the caller's stream (see `Caller::turn`).
+fn admit(state: &AppState, caller: &Caller) -> ApiResult<Turn> {
+    caller.turn(state, state.events.turns()).map_err(|refused| {
+        ApiError::TooManyStreams(match refused {
+            NoTurn::Process(max) => format!("{max} event streams are already open here"),
+            NoTurn::Token(share) => format!(
+                "token {:?} already holds its share of event streams ({share}, --max-event-streams-per-token)",
+                caller.0.name
+            ),
         })
+    })
 }
 
 fn last_event_id(headers: &HeaderMap) -> Option<String> {

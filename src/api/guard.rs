@@ -131,6 +131,18 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 }
 
 impl Caller {
+    /// A turn of `turns` for this caller: within its token's share, and
+    /// within the process's turns (an admin may take one kept for admins).
+    /// Without tokens every caller is the same admin: no share, no reserve.
+    pub fn turn(
+        &self,
+        state: &AppState,
+        turns: &crate::turns::Turns,
+    ) -> Result<crate::turns::Turn, crate::turns::NoTurn> {
+        let holder = (!state.access.is_open()).then_some(self.0.name.as_str());
+        turns.admit(holder, holder.is_some() && self.0.may(Role::Admin))
+    }
+
     /// Refuses unless the caller holds a role that grants `needed`.
     pub fn must(&self, needed: Role, doing: &str) -> ApiResult<()> {
         if self.0.may(needed) {

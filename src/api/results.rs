@@ -2,6 +2,9 @@
 //! summary (counts and the most frequent reasons).
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -16,11 +19,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{AppQuery, parent_id_param};
+use super::guard::Caller;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::results::{ChildResult, Summary};
 use crate::ledger::{ChildState, ParentId};
 use crate::state::AppState;
 use crate::store::Store;
+use crate::turns::{NoTurn, Turn};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -28,9 +33,22 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(parent_summary))
 }
 
-/// Children read per statement while results stream: each chunk is written
-/// out before the next is read, so memory holds one chunk whatever the size.
-const RESULTS_CHUNK: i64 = 1000;
+/// Most children read per statement while results stream; the first
+/// statement reads `FIRST_ROWS`, and each later one as many as the widest
+/// row seen so far lets fit in `CHUNK_BYTES` (the database sizes every row
+/// it reads, so a statement reads no more rows than it may return).
+const CHUNK_ROWS: i64 = 1000;
+const FIRST_ROWS: i64 = 16;
+
+/// Most bytes of results and reasons read per statement (one more child may
+/// pass it): each chunk is written out before the next is read, so an export
+/// holds about this much whatever the parent's size and its results' weight.
+const CHUNK_BYTES: i64 = 256 * 1024;
+
+/// How long an export waits for a client that does not read (its
+/// connection's buffers full, so nothing asks for the next chunk) before it
+/// ends and gives its turn back.
+const STALLED: Duration = Duration::from_secs(60);
 
 pub const NDJSON: &str = "application/x-ndjson";
 pub const CSV: &str = "text/csv";
@@ -106,13 +124,21 @@ fn wants_gzip(accept_encoding: Option<&HeaderValue>) -> bool {
     })
 }
 
-/// The export in progress: where it stands, and the gzip stream when asked.
+/// The export in progress: where it stands, the gzip stream when asked, and
+/// its turn among the exports (taken away when its client stalls).
 struct Export {
+    turn: Arc<Mutex<Option<Turn>>>,
+    /// When the body was last asked for more, in ms since `epoch`.
+    asked: Arc<AtomicU64>,
+    epoch: Instant,
     store: Store,
     parent_id: ParentId,
     state: Option<ChildState>,
     format: Format,
     after: Option<i64>,
+    /// Rows the next statement reads, and the widest row written so far.
+    rows: i64,
+    widest: usize,
     started: bool,
     done: bool,
     gzip: Option<GzEncoder<Vec<u8>>>,
@@ -125,6 +151,13 @@ impl Export {
         if self.done {
             return None;
         }
+        self.asked
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if self.turn.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            // Its client stalled past `STALLED`: cut the body short.
+            self.done = true;
+            return Some(Err(std::io::Error::other("the client stopped reading")));
+        }
         let mut text = String::new();
         if !self.started && self.format == Format::Csv {
             text.push_str(ChildResult::CSV_HEADER);
@@ -132,10 +165,13 @@ impl Export {
         self.started = true;
         let chunk = match self
             .store
-            .results_chunk(&self.parent_id, self.state, self.after, RESULTS_CHUNK)
+            .results_chunk(&self.parent_id, self.state, self.after, self.rows, CHUNK_BYTES)
             .await
         {
-            Ok(chunk) => chunk,
+            Ok((chunk, last)) => {
+                self.done = last;
+                chunk
+            }
             Err(err) => {
                 // The head has gone: all that is left is to cut the body short,
                 // which a client sees as an incomplete response, never as a whole one.
@@ -144,11 +180,9 @@ impl Export {
                 return Some(Err(std::io::Error::other(err.to_string())));
             }
         };
-        if (chunk.len() as i64) < RESULTS_CHUNK {
-            self.done = true;
-        }
         self.after = chunk.last().map(|c| c.sequence).or(self.after);
         for result in &chunk {
+            let start = text.len();
             match self.format {
                 Format::Ndjson => {
                     text.push_str(&serde_json::to_string(result).expect("a result serializes"));
@@ -156,7 +190,9 @@ impl Export {
                 }
                 Format::Csv => result.csv_row(&mut text),
             }
+            self.widest = self.widest.max(text.len() - start);
         }
+        self.rows = (CHUNK_BYTES / self.widest.max(1) as i64).clamp(1, CHUNK_ROWS);
         let bytes = match self.gzip.as_mut() {
             None => text.into_bytes(),
             Some(gzip) => {
@@ -179,12 +215,37 @@ impl Export {
     }
 }
 
+/// Takes an export's turn away once its body has not been asked for more
+/// for `STALLED` (its client does not read); ends with the export.
+async fn end_when_stalled(turn: std::sync::Weak<Mutex<Option<Turn>>>, asked: Arc<AtomicU64>, epoch: Instant) {
+    loop {
+        tokio::time::sleep(STALLED / 4).await;
+        let Some(turn) = turn.upgrade() else { return };
+        let idle = epoch
+            .elapsed()
+            .saturating_sub(Duration::from_millis(asked.load(Ordering::Relaxed)));
+        if idle >= STALLED {
+            tracing::info!(
+                idle_seconds = idle.as_secs(),
+                "a results export whose client stopped reading ends"
+            );
+            turn.lock().unwrap_or_else(|e| e.into_inner()).take();
+            return;
+        }
+    }
+}
+
 /// Every child's outcome in sequence order, streamed: NDJSON (the default,
 /// `Accept: application/x-ndjson`) or CSV (`Accept: text/csv`), gzip when
 /// `Accept-Encoding` asks. Children not yet terminal are listed with their
 /// state and no outcome; `?state=` filters. Rows are read in chunks along the
-/// primary key and written as they come, so memory stays flat whatever the
-/// size, and the request timeout bounds only the answer's start. A database
+/// primary key, each about 256 KiB of results at most, and the next is read
+/// only once the previous was taken by the connection, so memory stays flat
+/// whatever the size, and the request timeout bounds only the answer's
+/// start. Beyond `--max-exports` exports streaming in this process, or
+/// `--max-exports-per-token` of one token: `429` (an admin token may still
+/// take one of 4 kept for admins). An export whose client stops reading for
+/// 60 s is cut short. A database
 /// error midway cuts the body short (no final chunk): a client never takes a
 /// partial export for a whole one.
 #[utoipa::path(
@@ -201,10 +262,12 @@ impl Export {
         (status = 400, description = "Invalid id or query", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown parent", body = Problem, content_type = "application/problem+json"),
         (status = 406, description = "`Accept` admits neither NDJSON nor CSV", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many results exports streaming in this process, or for this token (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn parent_results(
     State(state): State<AppState>,
+    caller: Caller,
     Path(parent_id): Path<String>,
     AppQuery(query): AppQuery<ResultsQuery>,
     headers: HeaderMap,
@@ -213,12 +276,30 @@ async fn parent_results(
     let format = Format::of(headers.get(header::ACCEPT))?;
     let gzip = wants_gzip(headers.get(header::ACCEPT_ENCODING));
     state.store.parent_exists(&parent_id).await?;
+    let turn = caller.turn(&state, &state.exports).map_err(|refused| {
+        ApiError::TooManyExports(match refused {
+            NoTurn::Process(max) => format!("{max} results exports are already streaming here"),
+            NoTurn::Token(share) => format!(
+                "token {:?} already streams its share of results exports ({share}, --max-exports-per-token)",
+                caller.0.name
+            ),
+        })
+    })?;
+    let turn = Arc::new(Mutex::new(Some(turn)));
+    let asked = Arc::new(AtomicU64::new(0));
+    let epoch = Instant::now();
+    tokio::spawn(end_when_stalled(Arc::downgrade(&turn), Arc::clone(&asked), epoch));
     let export = Export {
+        turn,
+        asked,
+        epoch,
         store: state.store.clone(),
         parent_id,
         state: query.state,
         format,
         after: None,
+        rows: FIRST_ROWS,
+        widest: 0,
         started: false,
         done: false,
         gzip: gzip.then(|| GzEncoder::new(Vec::new(), Compression::fast())),

@@ -11,24 +11,40 @@ use super::{Store, StoreResult, sql};
 use crate::ledger::results::{ChildResult, ReasonCount, SUMMARY_REASONS, Summary};
 use crate::ledger::{ChildState, ParentId};
 
-/// Up to `$4` children of parent `$1` after sequence `$3` (-1: from the
-/// first), in sequence order, optionally in state `$2` as readers see it,
-/// with only what the results show. `$3` is always a bound, never
-/// `$3 IS NULL OR ...`: a generic plan could not start the primary key's
-/// range at it, and each chunk would scan the parent from its first child.
+/// Children of parent `$1` after sequence `$3` (-1: from the first), in
+/// sequence order, optionally in state `$2` as readers see it, with only
+/// what the results show: of the first `$4`, those that start within `$5`
+/// bytes of result and reason (so at least one), and how many of `$4` there
+/// were (`read`). A chunk is bounded in bytes, whatever its results weigh:
+/// the sizes are read first, without the values (`sized`, summed above its
+/// `LIMIT`), and only the rows taken are read whole. `$3` is always a
+/// bound, never `$3 IS NULL OR ...`: a generic plan could not start the
+/// primary key's range at it, and each chunk would scan the parent from its
+/// first child.
 static RESULTS: Sql = Sql::new(|d| {
     format!(
-        "SELECT c.sequence, c.key, {state} AS state, {attempt} AS outcome_attempt, c.result, c.reason, \
-             {terminal} AS terminal_at \
-         FROM {view} \
-         WHERE c.parent_id = $1 AND ($2 IS NULL OR {may}) AND ($2 IS NULL OR ({state}) = $2) \
-           AND c.sequence > $3 \
-         ORDER BY c.sequence LIMIT $4",
+        "WITH sized AS ( \
+             SELECT c.sequence, coalesce({bytes}, 0) + coalesce(length(c.reason), 0) + coalesce(length(c.key), 0) \
+                 + 64 AS bytes \
+             FROM {view} \
+             WHERE c.parent_id = $1 AND ($2 IS NULL OR {may}) AND ($2 IS NULL OR ({state}) = $2) \
+               AND c.sequence > $3 \
+             ORDER BY c.sequence LIMIT $4), \
+         taken AS ( \
+             SELECT sequence, count(*) OVER () AS read, \
+                 sum(bytes) OVER (ORDER BY sequence ROWS UNBOUNDED PRECEDING) - bytes AS before \
+             FROM sized) \
+         SELECT c.sequence, c.key, {state} AS state, {attempt} AS outcome_attempt, c.result, c.reason, \
+             {terminal} AS terminal_at, t.read \
+         FROM {view} JOIN taken t ON t.sequence = c.sequence \
+         WHERE c.parent_id = $1 AND t.before < $5 \
+         ORDER BY c.sequence",
         may = sql::may_be_in("$2"),
         state = sql::view_state(),
         attempt = sql::view_outcome_attempt(),
         terminal = sql::view_terminal_at(d),
-        view = sql::child_view(d)
+        view = sql::child_view(d),
+        bytes = (d.json_bytes)("c.result")
     )
 });
 
@@ -107,26 +123,36 @@ pub(super) async fn recount_reasons(tx: &mut dyn Transaction, parent_id: &Parent
 }
 
 impl Store {
-    /// Up to `limit` of a parent's results after sequence `after` (none: from
-    /// the first), in sequence order; fewer than `limit` means the last.
-    /// Says nothing of whether the parent exists: ask `require_parent` first.
+    /// A parent's next results after sequence `after` (none: from the
+    /// first), in sequence order: at most `limit` of them, and no more than
+    /// start within `bytes` of results and reasons (always at least one);
+    /// with whether they were the last. Says nothing of whether the parent
+    /// exists: ask `require_parent` first.
     pub async fn results_chunk(
         &self,
         parent_id: &ParentId,
         state: Option<ChildState>,
         after: Option<i64>,
         limit: i64,
-    ) -> StoreResult<Vec<ChildResult>> {
+        bytes: i64,
+    ) -> StoreResult<(Vec<ChildResult>, bool)> {
         let rows = self
             .scan(
                 Statement::new(self.sql(&RESULTS))
                     .text(parent_id.as_str())
                     .text(state.map(ChildState::as_str))
                     .int(after.unwrap_or(-1))
-                    .int(limit),
+                    .int(limit)
+                    .int(bytes),
             )
             .await?;
-        rows.iter()
+        let read = match rows.first() {
+            Some(row) => row.int("read")?,
+            None => 0,
+        };
+        let last = read < limit && rows.len() as i64 == read;
+        let results = rows
+            .iter()
             .map(|row| {
                 Ok(ChildResult {
                     sequence: row.int("sequence")?,
@@ -138,8 +164,8 @@ impl Store {
                     finished_at: row.opt_time("terminal_at")?,
                 })
             })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
+            .collect::<Result<_, sqlx::Error>>()?;
+        Ok((results, last))
     }
 
     /// `ParentNotFound` unless the parent exists (before a stream starts).

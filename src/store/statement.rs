@@ -122,6 +122,8 @@ pub(crate) struct Dialect {
     pub json_push: fn(column: &str, param: &str) -> String,
     /// The length of a JSON array column.
     pub json_length: fn(column: &str) -> String,
+    /// The bytes of a JSON column's text (NULL for NULL).
+    pub json_bytes: fn(column: &str) -> String,
     /// The sequences claim lease `alias` lists, as a `FROM` item `ls` whose
     /// column `value` is each sequence (and those a `processed_batch` row
     /// lists: the same columns, `lo`, `hi` and `sequences`).

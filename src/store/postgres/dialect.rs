@@ -22,6 +22,7 @@ pub(super) static POSTGRES: Dialect = Dialect {
     json: |p| format!("{p}::json"),
     json_push: |column, p| format!("{column} || jsonb_build_array({p}::jsonb)"),
     json_length: |column| format!("jsonb_array_length({column})"),
+    json_bytes: |column| format!("octet_length({column}::text)"),
     lease_sequences: |l| format!("unnest({}) AS ls(value)", listed(l)),
     lease_holds: lists,
     quiet_batch: |column| {

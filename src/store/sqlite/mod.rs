@@ -64,6 +64,8 @@ static SQLITE: Dialect = Dialect {
     json: |p| p.to_owned(),
     json_push: |column, p| format!("json_insert({column}, '$[#]', json({p}))"),
     json_length: |column| format!("json_array_length({column})"),
+    // Read from the record's header: the value itself is not loaded.
+    json_bytes: |column| format!("octet_length({column})"),
     lease_sequences: |l| format!("json_each({l}.sequences) ls"),
     lease_holds: |l, sequence| format!("EXISTS (SELECT 1 FROM json_each({l}.sequences) WHERE value = {sequence})"),
     quiet_batch: |column| {
@@ -256,9 +258,14 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout.max(WRITER_WAIT))
             .connect_with(connect.clone())
             .await?;
+        // Readers: at most two per core. Each runs SQLite on a thread of its
+        // own, whose allocator keeps what a large read freed (results of
+        // 60 KB held about 10 MB a thread) until that thread runs again, and
+        // more threads than cores read no faster.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
         let readers = watchdog
             .watch(SqlitePoolOptions::new())
-            .max_connections(options.max_connections.max(1))
+            .max_connections(options.max_connections.clamp(1, 2 * cores))
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await?;
