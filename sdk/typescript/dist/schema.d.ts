@@ -510,8 +510,13 @@ export interface paths {
          *     `Accept: application/x-ndjson`) or CSV (`Accept: text/csv`), gzip when
          *     `Accept-Encoding` asks. Children not yet terminal are listed with their
          *     state and no outcome; `?state=` filters. Rows are read in chunks along the
-         *     primary key and written as they come, so memory stays flat whatever the
-         *     size, and the request timeout bounds only the answer's start. A database
+         *     primary key, each about 256 KiB of results at most, and the next is read
+         *     only once the previous was taken by the connection, so memory stays flat
+         *     whatever the size, and the request timeout bounds only the answer's
+         *     start. Beyond `--max-exports` exports streaming in this process, or
+         *     `--max-exports-per-token` of one token: `429` (an admin token may still
+         *     take one of 4 kept for admins). An export whose client stops reading for
+         *     60 s is cut short. A database
          *     error midway cuts the body short (no final chunk): a client never takes a
          *     partial export for a whole one.
          * @description Role: `reader` (when the service runs with tokens).
@@ -3995,6 +4000,15 @@ export interface operations {
             };
             /** @description `Accept` admits neither NDJSON nor CSV */
             406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many results exports streaming in this process, or for this token (`Retry-After` says when to try again) */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -180,7 +180,8 @@ class Health(TypedDict):
     host: NotRequired[Optional[str]]
     """
     On `/readyz` with Postgres: the host (`host:port`) the ledger is on,
-    the writable one of the database URL's hosts.
+    the writable one of the database URL's hosts; shown to a caller with
+    a valid token (every caller of a service without tokens).
     """
     status: str
     store: str
@@ -273,7 +274,7 @@ class QueueChange(TypedDict):
 
 QueueName: TypeAlias = str
 """
-A queue name: 1-64 chars of `a-z 0-9 . _ -`.
+A queue name: 1-64 chars of `a-z 0-9 . _ -`, not only dots.
 """
 
 
@@ -771,7 +772,7 @@ class RegisterParent(TypedDict):
     flow_key: NotRequired[Optional[str]]
     """
     The tenant, account or remote host the children count against: the
-    queue's per-key limits apply to it. 1-128 of `[A-Za-z0-9._:-]`.
+    queue's per-key limits apply to it. 1-128 of `[A-Za-z0-9._:-]`, not only dots.
     """
     max_attempts: NotRequired[Optional[int]]
     """
