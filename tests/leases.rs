@@ -743,3 +743,79 @@ both_stores!(
     a_held_lease_recorded_in_part,
     a_lease_recorded_in_part_reads_alike_everywhere,
 );
+
+/// A release that waits for a lease's lock while a concurrent outcome of
+/// the same claim commits (Postgres, where writers run side by side) lets go
+/// of the lease by its count as locked: the claim held two children, one was
+/// recorded meanwhile, the other is released, so nothing is left and the
+/// lease goes. Deciding on the count the release's snapshot saw left the
+/// lease holding the released child, which then showed as in flight under
+/// the old claim and refused the next holder's outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_waiting_on_a_concurrent_outcome_lets_go_of_the_lease() {
+    use sqlx::Connection;
+    if !postgres_available().await {
+        return;
+    }
+    let app = spawn_app(Backend::Postgres).await;
+    let r = app
+        .put("/v1/parents/RACE", json!({"queue": "race", "children": children(2)}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let claim = app
+        .post("/v1/parents/RACE/claims", json!({"limit": 2, "lease_seconds": 300}))
+        .await;
+    let claim_id = claim.body["claim_id"].as_str().unwrap().to_owned();
+    assert_eq!(claim.body["children"].as_array().unwrap().len(), 2, "{claim:?}");
+
+    // An outcome of child 0 in flight: its lease row locked and counted down,
+    // not yet committed (as `APPLY_OUTCOMES` leaves it until its commit).
+    let mut outcome = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
+    let mut tx = outcome.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE child SET state = 'skipped', reason = 'raced', terminal_at = now() \
+         WHERE parent_id = 'RACE' AND sequence = 0",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE parent SET skipped = skipped + 1 WHERE parent_id = 'RACE'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE claim_lease SET open = open - 1 WHERE parent_id = 'RACE' AND claim_id = $1::uuid")
+        .bind(&claim_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let release = {
+        let (base, client, claim_id) = (app.base.clone(), app.client.clone(), claim_id.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{base}/v1/claims/{claim_id}/release"))
+                .json(&json!({"children": [{"parent_id": "RACE", "sequence": 1}]}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!release.is_finished(), "the release did not wait for the lease's lock");
+    tx.commit().await.unwrap();
+    let released = release.await.unwrap();
+    assert_eq!(released["released"], 1, "{released}");
+
+    assert_eq!(
+        app.count("SELECT count(*) FROM claim_lease WHERE parent_id = 'RACE'")
+            .await,
+        0,
+        "the lease still holds a child after its last was released"
+    );
+    let child = app.get("/v1/parents/RACE/children/1").await;
+    assert_eq!(child.body["state"], "pending", "{child:?}");
+    assert_eq!(child.body["previous_attempt"], "released", "{child:?}");
+}

@@ -38,11 +38,16 @@ impl PgStore {
 /// seconds, with the attempt counted as released; the lease lets go of them
 /// (and goes when nothing is left in it), and the lane counts them and
 /// learns the earliest due. Its lane is locked, and then its lease, as
-/// every writer of a leased child locks it (see `APPLY_OUTCOMES`).
+/// every writer of a leased child locks it (see `APPLY_OUTCOMES`). Whether
+/// the lease stays or goes is decided on its open count as locked (`lease`),
+/// never as this statement's snapshot saw it: an outcome that committed
+/// while this statement waited for the lock moved it, and on the older
+/// count neither `kept` nor `closed` applied, leaving the lease holding a
+/// released child.
 static RELEASE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH lease AS ( \
-         SELECT {listed} AS sequences, worker FROM claim_lease l WHERE claim_id = $4 AND parent_id = $3 \
+         SELECT {listed} AS sequences, worker, open FROM claim_lease l WHERE claim_id = $4 AND parent_id = $3 \
          FOR NO KEY UPDATE), \
      released AS ( \
          UPDATE child c SET \
@@ -58,10 +63,10 @@ static RELEASE_IN_PARENT: LazyLock<String> = LazyLock::new(|| {
          UPDATE claim_lease l SET \
              sequences = ARRAY(SELECT s FROM unnest({listed}) s WHERE s NOT IN (SELECT sequence FROM released)), \
              open = l.open - (SELECT count(*) FROM released) \
-         WHERE l.claim_id = $4 AND l.parent_id = $3 AND l.open > (SELECT count(*) FROM released)), \
+         WHERE l.claim_id = $4 AND l.parent_id = $3 AND (SELECT open FROM lease) > (SELECT count(*) FROM released)), \
      closed AS ( \
          DELETE FROM claim_lease l WHERE l.claim_id = $4 AND l.parent_id = $3 \
-           AND l.open <= (SELECT count(*) FROM released) AND EXISTS (SELECT 1 FROM released)), \
+           AND (SELECT open FROM lease) <= (SELECT count(*) FROM released) AND EXISTS (SELECT 1 FROM released)), \
      lowered AS ( \
          UPDATE lane SET ready_at = least(ready_at, (SELECT min(available_at) FROM released)), \
              unclaimed = unclaimed + (SELECT count(*) FROM released) \

@@ -110,6 +110,10 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// processed are named in `processed_batch` rows (migration 0020), where the
 /// children search finds them; those it makes failed or skipped count by
 /// reason (`reasons`).
+/// A lease stays or goes on its open count as `held` locked it, never as this
+/// statement's snapshot saw it: a release that committed while `held` waited
+/// for the lock moved the count, and on the older one neither `kept` nor
+/// `closed` applied.
 pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
     let leased = sql::leased("(SELECT floor FROM ln)", "EXISTS (SELECT 1 FROM ln)");
     let view = sql::ClaimView::of(&leased, "h.claim_id");
@@ -198,11 +202,11 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              UPDATE claim_lease l SET open = l.open - k.n, \
                  sequences = CASE WHEN k.quiet IS NULL THEN l.sequences \
                      ELSE ARRAY(SELECT s FROM unnest({listed}) s WHERE s <> ALL (k.quiet)) END \
-             FROM counted k \
-             WHERE l.claim_id = k.claim_id AND l.parent_id = $7 AND l.open > k.n), \
+             FROM counted k, held h \
+             WHERE h.claim_id = k.claim_id AND l.claim_id = k.claim_id AND l.parent_id = $7 AND h.open > k.n), \
          closed AS ( \
-             DELETE FROM claim_lease l USING counted k \
-             WHERE l.claim_id = k.claim_id AND l.parent_id = $7 AND l.open <= k.n), \
+             DELETE FROM claim_lease l USING counted k, held h \
+             WHERE h.claim_id = k.claim_id AND l.claim_id = k.claim_id AND l.parent_id = $7 AND h.open <= k.n), \
          advanced AS ( \
              UPDATE lane SET floor = ( \
                  SELECT min(c.sequence) FROM child c \
