@@ -108,6 +108,9 @@ struct QueueSeen {
     /// The completions sent that are still read again (see `LATE_COMMIT`).
     sent: HashSet<(ParentId, DateTime<Utc>)>,
     last_completed: Option<DateTime<Utc>>,
+    /// When its first stream subscribed: a completion at or after it is news
+    /// to that stream even when the subject's first read finds it.
+    since: Option<DateTime<Utc>>,
 }
 
 impl<T: Default> Subject<T> {
@@ -228,7 +231,8 @@ impl EventHub {
         let subject = match subjects.queues.get(queue) {
             Some(subject) => Arc::clone(subject),
             None => {
-                let subject = Subject::new();
+                let subject = Subject::<QueueSeen>::new();
+                lock(&subject.state).since = Some(Utc::now());
                 subjects.queues.insert(queue.clone(), Arc::clone(&subject));
                 subjects.marked.queues.insert(queue.clone());
                 self.marked.notify_one();
@@ -399,11 +403,15 @@ impl EventHub {
             .last()
             .and_then(|p| Some((p.completed_at?, p.parent_id.clone())));
         let mut seen = lock(&subject.state);
+        // The first read's completions happened before anyone watched, but
+        // for those after the first stream subscribed (the read waits up to
+        // a `TICK`): they are sent, or that stream would never hear of them.
+        let since = seen.since;
         for parent in completions {
             let Some(at) = parent.completed_at else { continue };
             if seen.sent.insert((parent.parent_id.clone(), at)) {
                 seen.last_completed = seen.last_completed.max(Some(at));
-                if !first {
+                if !first || since.is_some_and(|since| at >= since) {
                     let _ = subject.sender.send(Live::Completed(Arc::new(LiveParent::new(parent))));
                 }
             }

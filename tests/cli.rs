@@ -293,6 +293,64 @@ async fn serve_short_help_is_one_screen_grouped_and_long_help_has_every_flag() {
     assert!(short.contains("--help") && short.contains("every flag"), "{short}");
 }
 
+/// The book's configuration chapter lists every flag `serve` takes (one was
+/// missing from its table), and neither `--help` nor the OpenAPI document
+/// speaks of how the project was built (work-log words a user cannot place).
+#[tokio::test]
+async fn the_manual_lists_every_flag_and_no_work_log_words() {
+    use clap::CommandFactory;
+    let manual = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md")).unwrap();
+    let cli = child_ledger::config::Cli::command();
+    let serve = cli.find_subcommand("serve").expect("serve");
+    for flag in serve
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+    {
+        assert!(
+            manual.contains(&format!("`--{flag}`")),
+            "docs/configuration.md does not list --{flag}"
+        );
+    }
+    let (help, _) = succeeded(&run(&["serve", "--help"]).await);
+    let document = std::fs::read_to_string(CHECKED_IN).unwrap();
+    let ordinals = [
+        "first",
+        "second",
+        "third",
+        "fourth",
+        "fifth",
+        "sixth",
+        "seventh",
+        "eighth",
+        "ninth",
+        "tenth",
+        "eleventh",
+        "twelfth",
+        "thirteenth",
+        "fourteenth",
+        "fifteenth",
+    ];
+    for (name, text) in [
+        ("serve --help", help.to_lowercase()),
+        ("openapi.json", document.to_lowercase()),
+    ] {
+        for words in ["tried here", "this machine", "this project's machines"] {
+            assert!(!text.contains(words), "{name} says {words:?}");
+        }
+        let issue = text
+            .match_indices("issue ")
+            .any(|(at, _)| text[at + 6..].chars().next().is_some_and(|c| c.is_ascii_digit()));
+        assert!(!issue, "{name} names an issue by number");
+        for ordinal in ordinals {
+            assert!(
+                !text.contains(&format!("{ordinal} session")),
+                "{name} says {ordinal} session"
+            );
+        }
+    }
+}
+
 /// A SQLite file in a directory that does not exist cannot be fixed by
 /// retrying: `serve` and `migrate` exit at once saying what to change.
 #[tokio::test]

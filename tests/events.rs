@@ -668,7 +668,84 @@ async fn each_token_holds_its_share_and_an_admin_can_always_watch(backend: Backe
     assert_eq!(watching.next(WAIT).await.expect("a snapshot").event, "snapshot");
 }
 
+/// A completion or a pause right after a stream opened, before the hub's
+/// first look at its subject (which waits up to a tick after its last read,
+/// here of another stream's parent), reaches that stream: the first look
+/// used to take every completion and pause it found as old news.
+async fn news_right_after_a_stream_opens_is_sent(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let r = app
+        .put("/v1/parents/BUSY", json!({"queue": "busy", "children": children(50)}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let mut busy = open(&app, "/v1/parents/BUSY/events", None, None).await.unwrap();
+    assert_eq!(busy.next(WAIT).await.unwrap().event, "snapshot");
+    for round in 0..3 {
+        let queue = format!("late-{round}");
+        let parent = format!("LATE-{round}");
+        let r = app
+            .put(
+                &format!("/v1/parents/{parent}"),
+                json!({"queue": queue, "children": children(1)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        // The hub reads the busy parent now, so its next read waits a tick.
+        process(&app, "BUSY", 1).await;
+        busy.next_named("progress", WAIT)
+            .await
+            .expect("the busy parent's progress");
+        let mut stream = open(&app, &format!("/v1/queues/{queue}/events"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(stream.next(WAIT).await.unwrap().event, "snapshot");
+        let r = app
+            .post(&format!("/v1/parents/{parent}/cancel"), json!({"reason": "at once"}))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        let completed = stream
+            .next_named("completed", WAIT)
+            .await
+            .unwrap_or_else(|| panic!("round {round}: no completed for {parent}"));
+        assert_eq!(completed.data["parent_id"], parent.as_str());
+
+        // A pause right after a stream opened is said too, on the queue's
+        // stream and on its parent's.
+        let paused_queue = format!("hold-{round}");
+        let held = format!("HOLD-{round}");
+        let r = app
+            .put(
+                &format!("/v1/parents/{held}"),
+                json!({"queue": paused_queue, "children": children(1)}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        process(&app, "BUSY", 1).await;
+        busy.next_named("progress", WAIT)
+            .await
+            .expect("the busy parent's progress");
+        let mut queue_stream = open(&app, &format!("/v1/queues/{paused_queue}/events"), None, None)
+            .await
+            .unwrap();
+        let mut parent_stream = open(&app, &format!("/v1/parents/{held}/events"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(queue_stream.next(WAIT).await.unwrap().event, "snapshot");
+        assert_eq!(parent_stream.next(WAIT).await.unwrap().event, "snapshot");
+        let r = app.post(&format!("/v1/queues/{paused_queue}/pause"), json!({})).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        for (what, stream) in [("queue", &mut queue_stream), ("parent", &mut parent_stream)] {
+            let paused = stream
+                .next_named("paused", WAIT)
+                .await
+                .unwrap_or_else(|| panic!("round {round}: the {what} stream was never told of the pause"));
+            assert_eq!(paused.data["paused"], true, "{paused:?}");
+        }
+    }
+}
+
 both_stores!(
+    news_right_after_a_stream_opens_is_sent,
     each_token_holds_its_share_and_an_admin_can_always_watch,
     a_resumed_queue_stream_replays_every_completion,
     a_parent_stream_shows_progress_and_one_completion,

@@ -30,7 +30,7 @@ fn layer_of_module(name: &str) -> Option<Layer> {
     Some(match name {
         "ledger" => Layer::Rules,
         "store" => Layer::Storage,
-        "state" | "metrics" | "waiters" | "access" | "limits" | "events" | "telemetry" => Layer::Services,
+        "state" | "metrics" | "waiters" | "access" | "limits" | "events" | "telemetry" | "turns" => Layer::Services,
         "api" | "jobs" | "error" => Layer::Http,
         "main" | "cli" | "lib" | "server" | "config" | "startup" => Layer::Wiring,
         _ => return None,

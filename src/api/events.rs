@@ -114,6 +114,7 @@ async fn parent_events(
             sender,
             sent: None,
             sent_completed: None,
+            told_paused: false,
         };
         stream.open(parent, paused, last_event_id.as_deref()).await;
         stream.follow(subscription).await;
@@ -196,6 +197,7 @@ async fn queue_events(
             last_completed: Utc::now(),
             replayed: HashSet::new(),
             sent: None,
+            told_paused: false,
         };
         stream.open(snapshot, replay).await;
         stream.follow(subscription).await;

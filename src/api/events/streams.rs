@@ -94,6 +94,19 @@ impl Watcher {
     }
 }
 
+/// A `paused` or `resumed` event for `queue`, when `paused` is not what the
+/// client was last told (`told`, which it updates): the hub reports a pause
+/// only against its own last read, which a new stream's snapshot may not
+/// share, so each stream says what it has not said yet, once.
+async fn tell_pause(sender: &mpsc::Sender<Event>, told: &mut bool, queue: &QueueName, paused: bool) -> bool {
+    if *told == paused {
+        return true;
+    }
+    *told = paused;
+    let name = if paused { "paused" } else { "resumed" };
+    deliver(sender, event(name, &Pause { queue, paused }, None)).await
+}
+
 /// One event: its name, data and id (none: the client keeps the last one).
 fn event(name: &str, data: &impl Serialize, id: Option<&str>) -> Event {
     let event = Event::default()
@@ -140,6 +153,8 @@ pub(super) struct ParentStream {
     /// What the client was last sent.
     pub(super) sent: Option<Arc<LiveParent>>,
     pub(super) sent_completed: Option<String>,
+    /// Whether the client was last told the parent's queue is paused.
+    pub(super) told_paused: bool,
 }
 
 impl ParentStream {
@@ -156,13 +171,7 @@ impl ParentStream {
         if !self.send(snapshot).await {
             return;
         }
-        if paused {
-            let pause = Pause {
-                queue: &parent.queue,
-                paused: true,
-            };
-            self.send(event("paused", &pause, None)).await;
-        }
+        tell_pause(&self.sender, &mut self.told_paused, &parent.queue, paused).await;
         if owes_completed(parent, last_event_id) {
             self.send_completed(&live).await;
         } else {
@@ -208,6 +217,19 @@ impl ParentStream {
         {
             return false;
         }
+        // A pause the hub took in with its first read of this parent comes
+        // with no `Paused` of its own: the paused queues as last read say it.
+        if let Ok(paused) = self.watcher.state.events.paused().await
+            && !tell_pause(
+                &self.sender,
+                &mut self.told_paused,
+                &parent.queue,
+                paused.contains(&parent.queue),
+            )
+            .await
+        {
+            return false;
+        }
         self.sent = Some(live);
         true
     }
@@ -228,9 +250,7 @@ impl ParentStream {
                 Ok(Live::Parent(parent)) => self.show(parent).await,
                 Ok(Live::Gone) | Err(RecvError::Closed) => false,
                 Ok(Live::Paused { queue, paused }) => {
-                    let name = if paused { "paused" } else { "resumed" };
-                    let pause = Pause { queue: &queue, paused };
-                    self.send(event(name, &pause, None)).await
+                    tell_pause(&self.sender, &mut self.told_paused, &queue, paused).await
                 }
                 Ok(Live::Queue(_) | Live::Completed(_)) => true,
                 // Fell behind: what it is now says all (a completion included).
@@ -267,6 +287,8 @@ pub(super) struct QueueStream {
     /// Completions replayed at the start, not sent again live.
     pub(super) replayed: HashSet<(ParentId, DateTime<Utc>)>,
     pub(super) sent: Option<Arc<Queue>>,
+    /// Whether the client was last told the queue is paused.
+    pub(super) told_paused: bool,
 }
 
 impl QueueStream {
@@ -285,13 +307,7 @@ impl QueueStream {
         if !self.send(first).await {
             return;
         }
-        if snapshot.paused {
-            let pause = Pause {
-                queue: &self.queue,
-                paused: true,
-            };
-            self.send(event("paused", &pause, None)).await;
-        }
+        tell_pause(&self.sender, &mut self.told_paused, &self.queue, snapshot.paused).await;
         self.sent = Some(snapshot);
         if let Some(from) = replay {
             self.replay(from, true).await;
@@ -357,8 +373,9 @@ impl QueueStream {
                         true
                     } else {
                         let sent = self.send(event("progress", &*queue, Some(&self.id()))).await;
+                        let paused = queue.paused;
                         self.sent = Some(queue);
-                        sent
+                        sent && tell_pause(&self.sender, &mut self.told_paused, &self.queue, paused).await
                     }
                 }
                 Ok(Live::Completed(live)) => {
@@ -369,12 +386,7 @@ impl QueueStream {
                     replayed || self.completed(&live).await
                 }
                 Ok(Live::Paused { paused, .. }) => {
-                    let name = if paused { "paused" } else { "resumed" };
-                    let pause = Pause {
-                        queue: &self.queue,
-                        paused,
-                    };
-                    self.send(event(name, &pause, None)).await
+                    tell_pause(&self.sender, &mut self.told_paused, &self.queue, paused).await
                 }
                 Ok(Live::Parent(_) | Live::Gone) => true,
                 Err(RecvError::Closed) => false,
