@@ -136,8 +136,10 @@ def drain(name, args, batch, children, python):
         cwd = os.path.join(ROOT, "benches/peers") if name == "node-fetch" else os.path.join(ROOT, "benches/sdk")
         service_cpu = cpu_seconds(service.proc.pid)
         started = time.monotonic()
+        # Its log to a file: a pipe nobody reads until it exits fills and stops it.
+        log = open(os.path.join(service.dir, "worker.log"), "w+")
         worker = subprocess.Popen(command(name, service.base, batch, children, python), cwd=cwd,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                  stdout=subprocess.DEVNULL, stderr=log)
         # Sample the worker's CPU just before it is reaped: /proc/PID/stat of a
         # zombie still holds its totals.
         worker_cpu = 0.0
@@ -148,7 +150,8 @@ def drain(name, args, batch, children, python):
                 pass
             time.sleep(0.05)
         seconds = time.monotonic() - started
-        err = worker.stderr.read().decode(errors="replace")
+        log.seek(0)
+        err = log.read()
         if worker.returncode != 0:
             raise SystemExit(f"{name} exited {worker.returncode}:\n{err[-2000:]}")
         service_cpu = cpu_seconds(service.proc.pid) - service_cpu

@@ -133,7 +133,10 @@ export class Worker {
     maybeClaim() {
         if (this.stopping || this.backoffTimer)
             return;
-        const half = Math.ceil(this.batch / 2);
+        // Room for a claim: a whole batch when several fit in hand (every claim
+        // then asks for a whole one), else half of one, so the queue never waits
+        // for a chunk's slowest handler.
+        const half = this.capacity >= 2 * this.batch ? this.batch : Math.ceil(this.batch / 2);
         for (;;) {
             if (this.idle && this.claimsOut > 0)
                 return;

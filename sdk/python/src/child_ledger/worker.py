@@ -103,7 +103,11 @@ class Worker(_Requests):
         self._invoker = Invoker(self.handler, self.queue, self.payload_model)
         self._async = is_async(self.handler)
         self._cap = max(self.concurrency, self.batch)
-        self._half = max(1, (self.batch + 1) // 2)
+        # Room for a claim: a whole batch when several fit in hand (every
+        # claim then asks for a whole one, as few requests as the work
+        # needs), else half of one, so the queue never waits for a chunk's
+        # slowest handler.
+        self._half = self.batch if self._cap >= 2 * self.batch else max(1, (self.batch + 1) // 2)
         self._changed = asyncio.Event()
         self._done: Deque[Tuple[_Chunk, Any, Ran]] = collections.deque()
         self._todo: Deque[Tuple[_Chunk, Any]] = collections.deque()
