@@ -152,6 +152,19 @@ pub fn idempotency_key(parent_id: &str, sequence: i64) -> String {
     format!("{parent_id}/{sequence}")
 }
 
+/// A name made only of dots (`.`, `..`, `...`): a path segment that URL
+/// normalisers remove or rewrite, so a request meant for it reaches another
+/// resource.
+pub fn only_dots(raw: &str) -> bool {
+    !raw.is_empty() && raw.bytes().all(|b| b == b'.')
+}
+
+/// A name that would move a request to another path when put in a URL: made
+/// only of dots, or holding `/`. Refused with 422 wherever a name is taken.
+pub fn traverses(raw: &str) -> bool {
+    only_dots(raw) || raw.contains('/')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,17 +198,4 @@ mod tests {
     fn idempotency_key_is_parent_slash_sequence() {
         assert_eq!(idempotency_key("P-42", 7), "P-42/7");
     }
-}
-
-/// A name made only of dots (`.`, `..`, `...`): a path segment that URL
-/// normalisers remove or rewrite, so a request meant for it reaches another
-/// resource.
-pub fn only_dots(raw: &str) -> bool {
-    !raw.is_empty() && raw.bytes().all(|b| b == b'.')
-}
-
-/// A name that would move a request to another path when put in a URL: made
-/// only of dots, or holding `/`. Refused with 422 wherever a name is taken.
-pub fn traverses(raw: &str) -> bool {
-    only_dots(raw) || raw.contains('/')
 }
