@@ -395,65 +395,10 @@ pub enum LogFormat {
 }
 
 impl LogFormat {
-    /// Installs the log subscriber: this format, the `RUST_LOG` filter
-    /// (default `info`), written to stdout, in colour only when that is a
-    /// terminal (a log file or a pipe gets no escape codes). With the
-    /// standard `OTEL_*` variables asking for it, spans are exported over
-    /// OTLP too (`telemetry`); the exporter is returned, to flush at exit.
+    /// Installs the log subscriber in this format (see `telemetry::init_tracing`);
+    /// the OTLP exporter, when the `OTEL_*` variables ask for one, to flush at exit.
     pub fn init_tracing(self) -> Option<crate::telemetry::Exporter> {
-        use std::io::IsTerminal;
-        use tracing_subscriber::Layer as _;
-        use tracing_subscriber::layer::SubscriberExt as _;
-        use tracing_subscriber::util::SubscriberInitExt as _;
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let fmt = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
-        type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
-        if !crate::telemetry::wanted() {
-            // The filter for the whole subscriber, as a plain log set-up has
-            // it: as a per-layer filter, `info,tower_http=debug` dropped
-            // events (a response's line, "ledger ready") on Postgres.
-            let registry = tracing_subscriber::registry().with(filter);
-            let plain = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
-            match self {
-                LogFormat::Text => registry.with(plain).init(),
-                LogFormat::Json => registry.with(plain.json()).init(),
-            }
-            return None;
-        }
-        let log: Boxed = match self {
-            LogFormat::Text => fmt.with_filter(filter).boxed(),
-            LogFormat::Json => fmt.json().with_filter(filter).boxed(),
-        };
-        let mut layers: Vec<Boxed> = vec![log];
-        let exporter = match crate::telemetry::exporter() {
-            Ok((exporter, tracer)) => {
-                // Every span, the statements' (trace level) too: a per-layer
-                // filter here left spans made in some handlers out of the
-                // export (tracing-opentelemetry could not give their context).
-                // Started when first needed, not when entered: a request span is named
-                // after its route once routing knows it (`api::guard`).
-                // No code location, thread or busy/idle times per span:
-                // nobody reads them on a request, and each cost its share.
-                let layer = tracing_opentelemetry::layer()
-                    .with_tracer(tracer)
-                    .with_context_activation(false)
-                    .with_location(false)
-                    .with_threads(false)
-                    .with_tracked_inactivity(false);
-                layers.push(layer.boxed());
-                Some(exporter)
-            }
-            Err(err) => {
-                eprintln!("OpenTelemetry export not started: {err}");
-                None
-            }
-        };
-        tracing_subscriber::registry().with(layers).init();
-        if exporter.is_some() {
-            tracing::info!("exporting traces over OTLP (OTEL_* variables)");
-        }
-        exporter
+        crate::telemetry::init_tracing(self == LogFormat::Json)
     }
 }
 
