@@ -171,6 +171,10 @@ fn start_loops(state: &AppState, config: &Config) -> Vec<(&'static str, JoinHand
         ),
         ("work listener", tokio::spawn(jobs::listen_for_work(state.clone()))),
         (
+            "statistics",
+            tokio::spawn(jobs::keep_statistics_fresh(state.clone(), jobs::STATISTICS_INTERVAL)),
+        ),
+        (
             "reconcile jobs",
             tokio::spawn(jobs::work_reconcile_jobs(
                 state.clone(),

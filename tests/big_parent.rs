@@ -138,3 +138,42 @@ async fn explain(conn: &mut sqlx::PgConnection, statement: &str) -> String {
 }
 
 both_stores!(hundred_thousand_children);
+
+/// Many small registrations, none big enough to analyze `child` on its own
+/// (`after_bulk_write`), on a database whose autovacuum may be off: the
+/// service's statistics loop analyzes the hot tables once they have grown,
+/// so their plans are not those of the empty tables (a generic plan made
+/// then walked every child of the table for each outcome statement).
+#[tokio::test]
+async fn a_fresh_database_gets_its_hot_tables_analyzed_as_they_grow() {
+    if !postgres_available().await {
+        return;
+    }
+    let app = spawn_app(Backend::Postgres).await;
+    for p in 0..40 {
+        let children: Vec<_> = (0..25).map(|i| json!({ "payload": { "i": i } })).collect();
+        let r = app
+            .put(
+                &format!("/v1/parents/small-{p}"),
+                json!({"queue": "small", "children": children}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    }
+    let mut conn = sqlx::PgConnection::connect(&app.database_url).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let child: f32 = sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE oid = 'child'::regclass")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        if child >= 1000.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after 20 s the planner still sees {child} children (-1: never analyzed)"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}

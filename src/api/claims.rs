@@ -23,7 +23,7 @@ use crate::error::{ApiError, ApiResult, Problem};
 use crate::ledger::{BatchResult, Claim, ClaimRequest, ClaimScope, ClaimedChild, ParentId, QueueName};
 use crate::limits::{Limits, MAX_WAIT_SECONDS};
 use crate::state::AppState;
-use crate::store::StoreError;
+use crate::store::{Claimed, StoreError};
 use crate::waiters::Waiting;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -175,10 +175,40 @@ async fn claim(
     let mut shutdown = state.shutdown.subscribe();
     // Once it waits: its count among the waiting claims, and its place in line.
     let mut waiting: Option<(WaitingClaim, Waiting)> = None;
+    // When the last look found nothing and no work has been announced since,
+    // a look now would find nothing either: the claim waits instead.
+    let mut quiet_since: Option<u64> = None;
     loop {
         // Only a long poll waits for a slot.
         let slot_freed = (!wait.is_zero()).then(|| state.waiters.slot_freed());
-        let claimed = state.store.claim(&request).await?;
+        let announced = state.waiters.announced();
+        let scope_queue = match &request.scope {
+            ClaimScope::Queue(queue) => Some(queue),
+            ClaimScope::Parent(_) => None,
+        };
+        let looked = quiet_since.take() != Some(announced)
+            && !scope_queue.is_some_and(|queue| state.waiters.still_empty(queue, announced));
+        let claimed = if looked {
+            state.store.claim(&request).await?
+        } else {
+            Claimed::nothing(request.claim_id)
+        };
+        // Nothing claimable in the whole queue (not every lane taken by
+        // another claim meanwhile), and nothing held back that comes with time.
+        let drained = claimed.drained && claimed.claim.children.is_empty() && claimed.claim.next_available_at.is_none();
+        if looked
+            && drained
+            && let Some(queue) = scope_queue
+        {
+            state.waiters.looked_empty(queue, announced);
+        }
+        // The first look, before the claim joins a line: if it found the
+        // queue drained, the look once in line is needed only when work was
+        // announced meanwhile. (Later looks, the rechecks, always run: they
+        // cover an announcement that never came.)
+        if waiting.is_none() && drained {
+            quiet_since = Some(announced);
+        }
         let now = tokio::time::Instant::now();
         // Shutting down, a waiting claim answers (empty) at once: it holds no
         // lease yet, so nothing is orphaned.

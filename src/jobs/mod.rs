@@ -3,6 +3,7 @@
 mod pruner;
 mod reaper;
 mod reconcile_jobs;
+mod statistics;
 mod webhook_client;
 mod webhooks;
 mod work_listener;
@@ -10,6 +11,7 @@ mod work_listener;
 pub use pruner::prune_complete_parents;
 pub use reaper::reap_expired_leases;
 pub use reconcile_jobs::{ReconcileJobOptions, work_reconcile_jobs};
+pub use statistics::{STATISTICS_INTERVAL, keep_statistics_fresh};
 pub use webhook_client::{ANSWER_BYTES, Resolve, SystemResolver};
 pub use webhooks::{QUEUE_HEADER, WebhookSender, send_webhooks};
 pub use work_listener::listen_for_work;

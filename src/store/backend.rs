@@ -69,6 +69,12 @@ pub(crate) trait Connection: Send + Sync + std::fmt::Debug {
     async fn after_bulk_write(&self, _rows_written: i64) -> StoreResult<()> {
         Ok(())
     }
+    /// Analyzes the hot tables whose rows changed enough since their last
+    /// analysis (by anyone) that the planner's picture of them is stale;
+    /// their names. Nothing to do where plans do not follow statistics.
+    async fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Notifications from other replicas, in the order they were sent.

@@ -101,6 +101,27 @@ const CLAIM_QUEUES: &str = "SELECT DISTINCT p.queue FROM claim_lease l JOIN pare
 pub struct Claimed {
     pub claim: Claim,
     pub queue: Option<QueueName>,
+    /// A queue claim that found no claimable parent at all in its queue (not
+    /// one that found every lane taken meanwhile): a look right after it
+    /// finds nothing either, unless work was announced in between.
+    pub drained: bool,
+}
+
+impl Claimed {
+    /// A claim that found nothing, without a look (see `api::claims`).
+    pub fn nothing(claim_id: Uuid) -> Self {
+        Self {
+            claim: Claim {
+                claim_id,
+                lease_expires_at: None,
+                next_available_at: None,
+                children: Vec::new(),
+                outcome_results: None,
+            },
+            queue: None,
+            drained: true,
+        }
+    }
 }
 
 impl Store {
@@ -109,13 +130,16 @@ impl Store {
     /// more would not fit in the response's byte budget.
     pub async fn claim(&self, request: &ClaimRequest) -> StoreResult<Claimed> {
         let mut budget = request.budget;
-        let mut leased = self.claim_scope(request, request.limit, &mut budget).await?;
+        let (mut leased, mut lanes) = self.claim_scope(request, request.limit, &mut budget).await?;
         let short = request.limit - leased.children.len() as i64;
         // The sweep's children go to this claim first; the rest wait for the
         // next claim or a recheck, as before the sweep.
         if short > 0 && self.sweep_expired(Some(&request.scope)).await? > 0 {
-            leased.merge(self.claim_scope(request, short, &mut budget).await?);
+            let (more, more_lanes) = self.claim_scope(request, short, &mut budget).await?;
+            leased.merge(more);
+            lanes += more_lanes;
         }
+        let drained = matches!(request.scope, ClaimScope::Queue(_)) && lanes == 0;
         if let (ClaimScope::Parent(parent_id), true) = (&request.scope, leased.children.is_empty()) {
             match (self.queue_of(parent_id).await?, &request.queue) {
                 (Some(now), Some(checked)) if now != *checked => {
@@ -157,17 +181,24 @@ impl Store {
                 outcome_results: None,
             },
             queue: leased.queue,
+            drained,
         })
     }
 
-    /// Up to `limit` children of the request's scope, within `budget`.
-    async fn claim_scope(&self, request: &ClaimRequest, limit: i64, budget: &mut ByteBudget) -> StoreResult<Leased> {
+    /// Up to `limit` children of the request's scope, within `budget`, and
+    /// how many claimable lanes it found (one for a parent's claim).
+    async fn claim_scope(
+        &self,
+        request: &ClaimRequest,
+        limit: i64,
+        budget: &mut ByteBudget,
+    ) -> StoreResult<(Leased, usize)> {
         match &request.scope {
             ClaimScope::Parent(parent_id) => {
                 let want = budget.claimable(self.child_bytes(parent_id).await?, limit);
                 self.claim_within(request, parent_id, want, LaneTurn::Wait, budget)
                     .await
-                    .map(|claim| claim.leased)
+                    .map(|claim| (claim.leased, 1))
             }
             ClaimScope::Queue(queue) => self.claim_queue(request, queue, limit, budget).await,
         }
@@ -245,16 +276,17 @@ impl Store {
             .collect::<Result<_, sqlx::Error>>()?)
     }
 
-    /// Up to `limit` children from the lanes of a queue, in serving order. A
-    /// lane whose key is at its limit is passed by with the rest of that
-    /// key's lanes; a queue at its limit ends the claim.
+    /// Up to `limit` children from the lanes of a queue, in serving order,
+    /// and how many claimable lanes there were. A lane whose key is at its
+    /// limit is passed by with the rest of that key's lanes; a queue at its
+    /// limit ends the claim.
     async fn claim_queue(
         &self,
         request: &ClaimRequest,
         queue: &QueueName,
         limit: i64,
         budget: &mut ByteBudget,
-    ) -> StoreResult<Leased> {
+    ) -> StoreResult<(Leased, usize)> {
         let lanes = self.queue_lanes(queue, limit.min(MAX_LANES)).await?;
         let mut leased = Leased::default();
         let mut held_keys: Vec<&str> = Vec::new();
@@ -275,12 +307,12 @@ impl Store {
                 leased.merge(claim.leased);
                 busy = None;
                 if stop {
-                    return Ok(leased);
+                    return Ok((leased, lanes.len()));
                 }
             }
             let want = limit - leased.children.len() as i64;
             if want <= 0 {
-                return Ok(leased);
+                return Ok((leased, lanes.len()));
             }
             let want = budget.claimable(lane.child_bytes, want);
             if want <= 0 {
@@ -293,7 +325,7 @@ impl Store {
             let (taken, held_by) = (claim.taken, claim.held_by);
             leased.merge(claim.leased);
             match held_by {
-                Some(HeldBy::Queue) => return Ok(leased),
+                Some(HeldBy::Queue) => return Ok((leased, lanes.len())),
                 Some(HeldBy::Key) => held_keys.extend(lane.flow_key.as_deref()),
                 None => {}
             }
@@ -310,7 +342,7 @@ impl Store {
                     .leased,
             );
         }
-        Ok(leased)
+        Ok((leased, lanes.len()))
     }
 
     /// Up to `limit` children of one parent; whether its lane was taken, and

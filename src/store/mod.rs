@@ -234,6 +234,12 @@ impl Store {
         self.db.pool_stats()
     }
 
+    /// Analyzes the hot tables whose statistics went stale (see
+    /// `Connection::refresh_statistics`); their names.
+    pub async fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        self.db.refresh_statistics().await
+    }
+
     /// The text of a shared statement in this store's dialect.
     fn sql(&self, sql: &'static Sql) -> &'static str {
         sql.of(self.dialect())

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use async_trait::async_trait;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
-use sqlx::{ConnectOptions as _, Connection as _, PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection as _, PgConnection, Postgres};
 use tracing::Instrument as _;
 
 use super::admission::Binding;
@@ -376,7 +376,57 @@ impl Connection for PgStore {
         }
         Ok(())
     }
+
+    /// Analyzes each hot table whose rows changed by a tenth (and at least
+    /// `STALE_AFTER_CHANGES`) since its last analysis, whoever made it: a
+    /// fresh or restored database, or one whose autovacuum is off or lagging,
+    /// plans its claims and outcomes for the tables as they are, not as they
+    /// were when empty (a generic plan made then walks every child of a
+    /// parent for each outcome). `SKIP_LOCKED`: a table another replica or
+    /// autovacuum is analyzing is left to it.
+    async fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        let stale: Vec<String> = sqlx::query_scalar(STALE_TABLES)
+            .bind(&HOT_TABLES[..])
+            .bind(STALE_AFTER_CHANGES)
+            .fetch_all(&self.pool)
+            .await?;
+        for table in &stale {
+            // Only names of `HOT_TABLES`, as the catalog spells them.
+            if HOT_TABLES.contains(&table.as_str()) {
+                // A table skipped as locked is not worth a warning in the log.
+                let mut tx = self.held_tx().await?;
+                sqlx::query("SET LOCAL client_min_messages = error")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(AssertSqlSafe(format!("ANALYZE (SKIP_LOCKED) {table}")))
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(stale)
+    }
 }
+
+/// The tables every claim and outcome plans against.
+const HOT_TABLES: [&str; 7] = [
+    "child",
+    "parent",
+    "lane",
+    "claim_lease",
+    "processed_batch",
+    "child_reason",
+    "webhook_event",
+];
+
+/// Changes since the last analysis below which a table is never stale.
+const STALE_AFTER_CHANGES: i64 = 500;
+
+/// The hot tables (`$1`) in the ledger's schema whose rows changed by at
+/// least `$2` and a tenth of the table since they were last analyzed.
+const STALE_TABLES: &str = "SELECT c.relname::text FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid \
+    WHERE c.oid = ANY (SELECT to_regclass(t) FROM unnest($1::text[]) t) \
+      AND s.n_mod_since_analyze >= $2 + 0.1 * greatest(c.reltuples, 0)";
 
 /// The work channel, as `LISTEN` hears it, until the pool's connections are
 /// renewed (on another host after a failover, or the same one back): then

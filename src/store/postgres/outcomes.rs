@@ -66,6 +66,11 @@ pub(super) static BUMP_PARENTS: LazyLock<String> = LazyLock::new(|| {
 /// columns: a constant `parent_id` would let a planner whose statistics
 /// predate the parent walk every child of it instead of looking each one up.
 ///
+/// Children are looked up by key, one input row at a time (`OFFSET 0`
+/// keeps each lookup a subquery the planner cannot turn into a join): a
+/// plan made while `child` was small, or never analyzed, would otherwise
+/// scan every child of the table for each statement.
+///
 /// A child is in flight when its lane's floor has passed it and a lease
 /// lists it (migration 0014). The leases that might list a written child
 /// (`held`: those of the parent whose range meets the writes') are locked
@@ -151,7 +156,8 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              SELECT DISTINCT ON (u.sequence) u.parent_id, u.sequence, u.outcome, u.reason, u.result, u.claim_id, \
                  c.state, {leased} AS leased, h.claim_id AS h_claim, h.worker AS h_worker, \
                  h.expires_at AS h_expires, {fenced} AS admitted \
-             FROM input u JOIN child c ON c.parent_id = u.parent_id AND c.sequence = u.sequence \
+             FROM input u CROSS JOIN LATERAL ( \
+                 SELECT * FROM child c WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence OFFSET 0) c \
                  LEFT JOIN held h ON u.sequence BETWEEN h.lo AND h.hi AND (h.dense OR u.sequence = ANY (h.sequences)) \
              WHERE NOT (SELECT whole FROM whole) \
              ORDER BY u.sequence, u.i)), \
@@ -162,7 +168,7 @@ pub(super) static APPLY_OUTCOMES: LazyLock<String> = LazyLock::new(|| {
              SELECT 1 FROM input u \
              WHERE NOT $8 AND u.sequence >= (SELECT floor FROM ln) AND EXISTS ( \
                  SELECT 1 FROM child c WHERE c.parent_id = u.parent_id AND c.sequence = u.sequence \
-                   AND c.state = 'pending' AND c.available_at IS NULL) \
+                   AND c.state = 'pending' AND c.available_at IS NULL OFFSET 0) \
              LIMIT 1), \
          unheld AS (SELECT 1 FROM seen WHERE NOT $8 AND leased AND h_claim IS NULL LIMIT 1), \
          cand AS MATERIALIZED ( \
