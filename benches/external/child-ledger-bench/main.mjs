@@ -303,10 +303,7 @@ async function sample() {
   await sleep(period - (Date.now() % period)); // aligned to the wall clock
   let lastEnqueued = enqueued;
   let lastCompleted = completed;
-  let lastAt = nowMs();
   while (!stopping) {
-    const now = nowMs();
-    const seconds = Math.max((now - lastAt) / 1000, 0.001);
     const t = new Date().toISOString();
     const [c50, c95, c99] = claimLatency.percentiles(0.5, 0.95, 0.99);
     const [e50, e95, e99] = endToEnd.percentiles(0.5, 0.95, 0.99);
@@ -324,8 +321,10 @@ async function sample() {
       ["producer_p50_ms", p50, WINDOW_S],
       ["producer_p95_ms", p95, WINDOW_S],
       ["producer_p99_ms", p99, WINDOW_S],
-      ["enqueue_rate", (enqueued - lastEnqueued) / seconds, sampleEveryS],
-      ["completion_rate", (completed - lastCompleted) / seconds, sampleEveryS],
+      // Per sample period, not per second elapsed: the harness sums rate ×
+      // window_s, which then gives every job back exactly, even after a late tick.
+      ["enqueue_rate", (enqueued - lastEnqueued) / sampleEveryS, sampleEveryS],
+      ["completion_rate", (completed - lastCompleted) / sampleEveryS, sampleEveryS],
       ["enqueued_total", enqueued, 0],
       ["completed_total", completed, 0],
       ["retried_requests", retried, 0],
@@ -337,7 +336,6 @@ async function sample() {
     }
     lastEnqueued = enqueued;
     lastCompleted = completed;
-    lastAt = now;
     for (const [metric, value, window_s] of metrics) {
       emit({ t, system: SYSTEM, kind: "adapter", subject_kind: "adapter", subject: "", metric, value, window_s });
     }
