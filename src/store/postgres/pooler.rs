@@ -30,7 +30,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgQueryResult, PgRow, PgStatement, PgTypeInfo};
-use sqlx::{AssertSqlSafe, Column, Execute, Executor, PgPool, Postgres, SqlSafeStr, SqlStr, TypeInfo};
+use sqlx::{AssertSqlSafe, Column, Execute, Executor, PgPool, Postgres, SqlSafeStr, SqlStr, Statement as _, TypeInfo};
 
 use super::held::Held;
 use super::primary::Primary;
@@ -113,7 +113,10 @@ impl PgDb {
         let mut wrapped = HashMap::new();
         for sql in statements {
             let mut tx = self.begin().await?;
-            let described = tx.describe(AssertSqlSafe(sql.to_string()).into_sql_str()).await?;
+            // Prepared (unnamed, as nothing is cached through a pooler) for
+            // its types: `describe` would also ask `EXPLAIN` for nullability,
+            // which sqlx 0.9.1 cannot do for an unnamed statement.
+            let described = tx.prepare(AssertSqlSafe(sql.to_string()).into_sql_str()).await?;
             let parameters: Vec<String> = match described.parameters() {
                 Some(Either::Left(types)) => types.iter().map(|t| t.name().to_owned()).collect(),
                 _ => Vec::new(),
