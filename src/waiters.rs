@@ -12,15 +12,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::ledger::{ParentId, QueueName, Work};
-
-/// How long a look that found a queue empty stands for the looks after it
-/// while no work is announced (`Waiters::still_empty`).
-const QUIET_FOR: Duration = Duration::from_millis(50);
 
 struct Entry {
     id: u64,
@@ -50,9 +45,6 @@ pub struct Waiters {
     /// joined a line need not look again when nothing was announced since it
     /// looked (`announced`).
     announced: AtomicU64,
-    /// Queues a look found nothing in, with the announcement count it read
-    /// first and when (see `looked_empty`).
-    empty: Mutex<HashMap<QueueName, (u64, Instant)>>,
     /// Rung when a slot under a queue's or a key's limits may have freed
     /// (an outcome, a release, an expiry, new limits: anything that changes
     /// what live views show, here or on another replica): the long polls
@@ -137,30 +129,6 @@ impl Waiters {
         self.announced.load(Ordering::SeqCst)
     }
 
-    /// A look at `queue` that began when `announced` announcements had been
-    /// heard found nothing claimable, and nothing held back for a while.
-    pub fn looked_empty(&self, queue: &QueueName, announced: u64) {
-        let mut empty = self.empty.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if empty.len() >= 10_000 {
-            empty.clear();
-        }
-        empty.insert(queue.clone(), (announced, Instant::now()));
-    }
-
-    /// Whether a look at `queue` now would find what the last one found:
-    /// nothing. True within `QUIET_FOR` of a look that found nothing when no
-    /// work has been announced since it began: in a drained queue, a crowd of
-    /// workers coming back with their outcomes is answered without a look each.
-    /// What comes without an announcement (a lease that runs out, a delay
-    /// that ends, work on a replica whose notification is late) waits
-    /// `QUIET_FOR` at most longer.
-    pub fn still_empty(&self, queue: &QueueName, announced: u64) -> bool {
-        let empty = self.empty.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        empty
-            .get(queue)
-            .is_some_and(|(seen, at)| *seen == announced && at.elapsed() < QUIET_FOR)
-    }
-
     /// Waiting claims woken since the process started.
     pub fn woken_total(&self) -> u64 {
         self.woken_total.load(Ordering::Relaxed)
@@ -239,28 +207,6 @@ mod tests {
         assert_eq!(waiters.wake(&Work::in_queue(queue("r"), 3)), 1);
         assert!(was_woken(&big).await);
         assert!(!was_woken(&behind).await);
-    }
-
-    #[test]
-    fn an_empty_look_stands_until_work_is_announced_or_it_is_old() {
-        let waiters = Waiters::default();
-        let q = queue("q");
-        let before = waiters.announced();
-        assert!(!waiters.still_empty(&q, before), "nothing was looked at yet");
-        waiters.looked_empty(&q, before);
-        assert!(waiters.still_empty(&q, before));
-        assert!(
-            !waiters.still_empty(&queue("r"), before),
-            "another queue was not looked at"
-        );
-        // Work announced anywhere since the look began: look again.
-        waiters.wake(&Work::in_queue(queue("r"), 1));
-        assert!(!waiters.still_empty(&q, waiters.announced()));
-        // A look that found nothing stands for QUIET_FOR at most.
-        let now = waiters.announced();
-        waiters.looked_empty(&q, now);
-        std::thread::sleep(QUIET_FOR + Duration::from_millis(10));
-        assert!(!waiters.still_empty(&q, now));
     }
 
     #[tokio::test]

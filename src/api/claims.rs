@@ -182,26 +182,14 @@ async fn claim(
         // Only a long poll waits for a slot.
         let slot_freed = (!wait.is_zero()).then(|| state.waiters.slot_freed());
         let announced = state.waiters.announced();
-        let scope_queue = match &request.scope {
-            ClaimScope::Queue(queue) => Some(queue),
-            ClaimScope::Parent(_) => None,
-        };
-        let looked = quiet_since.take() != Some(announced)
-            && !scope_queue.is_some_and(|queue| state.waiters.still_empty(queue, announced));
-        let claimed = if looked {
-            state.store.claim(&request).await?
-        } else {
+        let claimed = if quiet_since.take() == Some(announced) {
             Claimed::nothing(request.claim_id)
+        } else {
+            state.store.claim(&request).await?
         };
         // Nothing claimable in the whole queue (not every lane taken by
         // another claim meanwhile), and nothing held back that comes with time.
         let drained = claimed.drained && claimed.claim.children.is_empty() && claimed.claim.next_available_at.is_none();
-        if looked
-            && drained
-            && let Some(queue) = scope_queue
-        {
-            state.waiters.looked_empty(queue, announced);
-        }
         // The first look, before the claim joins a line: if it found the
         // queue drained, the look once in line is needed only when work was
         // announced meanwhile. (Later looks, the rechecks, always run: they
